@@ -1,0 +1,106 @@
+// The calling convention every kernel implements, on every backend.
+//
+// Kernels sit at the bottom of the stack: they see raw pointers, shapes and a
+// flat list of scalar attributes, never the graph. Everything a kernel reads
+// is prepared once when a plan is compiled, so launching one allocates
+// nothing (the executor's no-allocation guarantee rests on this).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "dtype.h"
+
+namespace pooch::kern {
+
+inline constexpr int kMaxDims = 4;
+inline constexpr int kMaxOperands = 8;
+inline constexpr int kMaxAttrs = 12;
+
+// A dense, row-major tensor in some backend's memory.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {0, 0, 0, 0};
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+  int64_t dim(int i) const { return i < 0 ? shape[ndim + i] : shape[i]; }
+  // Product of all dimensions but the last: the "rows" of a row-major matrix.
+  int64_t rows() const { return ndim == 0 ? 1 : numel() / (shape[ndim - 1] ? shape[ndim - 1] : 1); }
+  int64_t cols() const { return ndim == 0 ? 1 : shape[ndim - 1]; }
+  template <class T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+// Scalar attributes by name (integers are stored exactly as doubles up to
+// 2^53). A linear scan over a dozen entries is cheaper than any map here and
+// allocates nothing.
+struct KernelAttrs {
+  int n = 0;
+  char names[kMaxAttrs][24] = {};
+  double values[kMaxAttrs] = {};
+
+  bool has(const char* name) const {
+    for (int i = 0; i < n; ++i)
+      if (std::strcmp(names[i], name) == 0) return true;
+    return false;
+  }
+  double get(const char* name, double fallback) const {
+    for (int i = 0; i < n; ++i)
+      if (std::strcmp(names[i], name) == 0) return values[i];
+    return fallback;
+  }
+  int64_t geti(const char* name, int64_t fallback) const {
+    return static_cast<int64_t>(get(name, static_cast<double>(fallback)));
+  }
+  // Returns false when full or the name is too long (callers treat it as a bug).
+  bool set(const char* name, double v) {
+    for (int i = 0; i < n; ++i)
+      if (std::strcmp(names[i], name) == 0) {
+        values[i] = v;
+        return true;
+      }
+    if (n == kMaxAttrs || std::strlen(name) >= sizeof(names[0])) return false;
+    std::strcpy(names[n], name);
+    values[n++] = v;
+    return true;
+  }
+};
+
+// Per-step values, owned by the executor; kernels read them at launch.
+struct KernelContext {
+  uint64_t seed = 0;  // the session's seed
+  uint64_t step = 0;  // optimizer step counter, starting at 1 for the first update
+  int threads = 1;    // CPU threads a kernel may use
+};
+
+struct KernelArgs {
+  TensorView in[kMaxOperands];
+  TensorView out[kMaxOperands];
+  int n_in = 0;
+  int n_out = 0;
+  KernelAttrs attrs;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  const KernelContext* ctx = nullptr;
+  void* stream = nullptr;  // backend-specific stream handle (CUDA); null on the CPU
+};
+
+using KernelFn = void (*)(const KernelArgs&);
+// Scratch bytes a kernel needs for these shapes (data pointers may be null).
+using WorkspaceFn = size_t (*)(const KernelArgs&);
+
+// One implementation of one op on one backend.
+struct KernelVariant {
+  const char* op;       // op kind, e.g. "linear"
+  const char* variant;  // e.g. "ref", "blas", "atomic", "deterministic"
+  KernelFn fn;
+  WorkspaceFn workspace;  // may be null: no scratch needed
+  bool deterministic;     // bitwise reproducible run to run
+};
+
+}  // namespace pooch::kern

@@ -1,0 +1,18 @@
+// Fast CPU kernels: OpenMP threads over rows, OpenBLAS for GEMM, loops the
+// compiler vectorises. f32 only. Within one op, the fastest variant comes
+// first; the checker runs every variant against kernels/ref.
+#pragma once
+#include <vector>
+
+#include "../common/kernel_abi.h"
+
+namespace pooch::kern {
+
+std::vector<KernelVariant> cpu_dense_kernels();
+std::vector<KernelVariant> cpu_sparse_kernels();
+std::vector<KernelVariant> cpu_loss_kernels();
+std::vector<KernelVariant> cpu_optim_kernels();
+
+const std::vector<KernelVariant>& cpu_kernels();
+
+}  // namespace pooch::kern

@@ -1,0 +1,87 @@
+// The one interface every device implements (ggml-backend in spirit): a fixed
+// arena and a host pool, three streams with events, async copies and kernel
+// dispatch. The executor only ever talks to this interface.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "../../kernels/common/kernel_abi.h"
+
+namespace pooch {
+
+// Work on one stream runs in order; work on different streams is ordered only
+// through events.
+enum class Stream : uint8_t { compute = 0, d2h = 1, h2d = 2 };
+inline constexpr int kNumStreams = 3;
+
+using EventId = int32_t;
+
+struct BackendCaps {
+  bool async_copies = true;      // copies overlap compute
+  bool host_is_device = false;   // device pointers are host pointers (the CPU backend)
+  size_t alignment = 256;        // arena offsets are multiples of this
+};
+
+struct MemoryInfo {
+  size_t total = 0;        // device memory in all
+  size_t free = 0;         // device memory free now
+  size_t budget = 0;       // what this backend may use for its arena
+  size_t arena_bytes = 0;  // what the arena took
+  size_t host_pool_bytes = 0;
+  bool host_pool_pinned = false;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;  // "cpu", "cuda"
+  virtual BackendCaps caps() const = 0;
+  virtual MemoryInfo memory_info() const = 0;
+
+  // Takes the one device buffer. Throws Error(POOCH_ERR_OUT_OF_BUDGET) naming
+  // both sizes when `bytes` exceeds the budget. May be called once.
+  virtual void arena_reserve(size_t bytes) = 0;
+  virtual std::byte* arena_base() const = 0;
+  // Takes the host (pinned where possible) pool used for swaps and staging.
+  virtual void host_pool_reserve(size_t bytes) = 0;
+  virtual std::byte* host_pool_base() const = 0;
+
+  // Events are created while planning, never during a step.
+  virtual EventId event_create() = 0;
+  // The event completes when `s` reaches this point.
+  virtual void event_record(Stream s, EventId e) = 0;
+  // Work queued on `s` after this waits for the event's latest record.
+  virtual void stream_wait(Stream s, EventId e) = 0;
+  // Host blocks until the event's latest record completed.
+  virtual void event_sync(EventId e) = 0;
+
+  // Queues a copy of n bytes; either side may be arena or host pool memory.
+  virtual void copy_async(Stream s, void* dst, const void* src, size_t n) = 0;
+  // Queues a kernel. `args` must stay valid until the stream has run it.
+  virtual void launch(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args) = 0;
+  // Host blocks until everything queued on `s` ran; rethrows the first error
+  // any queued work raised.
+  virtual void stream_sync(Stream s) = 0;
+  void sync_all() {
+    for (int i = 0; i < kNumStreams; ++i) stream_sync(static_cast<Stream>(i));
+  }
+
+  // This backend's kernels, fastest first within each op.
+  virtual std::span<const kern::KernelVariant> kernels() const = 0;
+  // The first kernel for `op` (with `variant` if given; deterministic ones if
+  // asked). Null when this backend has none: the caller reports "not supported".
+  const kern::KernelVariant* find_kernel(std::string_view op, std::string_view variant = {},
+                                         bool deterministic_only = false) const;
+};
+
+struct CpuBackendParams {
+  size_t device_budget = 0;  // 0: no limit but host memory
+  int threads = 0;           // kernel threads; 0: all cores
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendParams& p);
+
+}  // namespace pooch

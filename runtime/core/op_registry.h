@@ -1,0 +1,73 @@
+// What the runtime knows about each op kind, independent of any backend:
+// shape inference, cost, in-place permission and how to differentiate it.
+// Kernels live in the backends' tables (kernels/*/), keyed by the same name.
+#pragma once
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph.h"
+
+namespace pooch {
+
+struct OutSpec {
+  DType dtype;
+  Shape shape;
+};
+
+using InDescs = std::span<const TensorDesc* const>;
+
+// Appends the ops that compute input gradients. `fwd` is a copy of the
+// forward node; dy[i] is the gradient of output i (kNoTensor if none flows
+// back); needs[i] says whether input i wants a gradient. The builder sets
+// dx[i] for those inputs (it may leave others as kNoTensor).
+using BackwardFn = std::function<void(Graph& g, const Node& fwd, std::span<const TensorId> dy,
+                                      const std::vector<char>& needs, std::span<TensorId> dx)>;
+
+struct OpDef {
+  std::string name;
+  int min_inputs = 0;
+  int max_inputs = 0;
+  // Output dtypes and shapes; throws Error(POOCH_ERR_INVALID_ARG) naming the op.
+  std::function<std::vector<OutSpec>(InDescs in, const Attrs& attrs)> infer;
+  // Floating point operations of one call (for the profiler and benchmarks).
+  std::function<double(InDescs in, InDescs out, const Attrs& attrs)> flops;
+  // Output 0 may take this input's buffer when that input dies at this op.
+  int inplace_input = -1;
+  // Inputs the op writes into (optimizer updates): these must stay live and
+  // are never shared with anything else.
+  std::vector<int> mutates;
+  BackwardFn backward;  // empty: not differentiable
+};
+
+// Bytes read and written by one call, from the operand sizes.
+double op_bytes(InDescs in, InDescs out);
+
+class OpRegistry {
+ public:
+  void add(OpDef def);  // name must be new
+  const OpDef* find(std::string_view name) const;
+  const OpDef& get(std::string_view name) const;  // throws Error naming the op
+  std::vector<const OpDef*> all() const;
+
+ private:
+  std::vector<OpDef> defs_;
+};
+
+// The process-wide registry, filled on first use by the register_* functions.
+const OpRegistry& op_registry();
+
+// One per op family (runtime/core/ops/*.cpp).
+void register_dense_ops(OpRegistry& r);      // linear, relu, gelu, dropout, layernorm, add, fill
+void register_sparse_ops(OpRegistry& r);     // sparse_linear, ffi_linear, topk
+void register_loss_ops(OpRegistry& r);       // squared_hinge, bce_logits, softmax_xent
+void register_optimizer_ops(OpRegistry& r);  // sgd/adam updates, dense and row-sparse
+
+// Small helpers for op definitions.
+[[noreturn]] void op_error(std::string_view op, const std::string& what);
+void expect_rank(std::string_view op, const TensorDesc& t, int rank, const char* role);
+void expect_dtype(std::string_view op, const TensorDesc& t, DType dt, const char* role);
+
+}  // namespace pooch

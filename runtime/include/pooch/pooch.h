@@ -1,0 +1,170 @@
+/* pooch — train and run neural networks larger than the GPU they run on.
+ *
+ * The only public header. Conventions (as dav1d and ggml):
+ *  - opaque handles; functions are pooch_<object>_<verb>;
+ *  - every call returns pooch_status: 0 on success or a negative code;
+ *    pooch_status_str() names it and pooch_last_error() gives the message of
+ *    the last failure on the calling thread;
+ *  - parameter structs are filled with defaults by pooch_*_default_params();
+ *  - pooch_*_free(&h) releases a handle and sets it to NULL;
+ *  - the library never aborts or exits the host program.
+ * Threading: one session per thread at a time; pooch_session_cancel may be
+ * called from any thread.
+ */
+#ifndef POOCH_H
+#define POOCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define POOCH_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define POOCH_API __attribute__((visibility("default")))
+#else
+#define POOCH_API
+#endif
+
+#define POOCH_VERSION_MAJOR 0
+#define POOCH_VERSION_MINOR 1
+#define POOCH_VERSION_PATCH 0
+
+typedef enum pooch_status {
+  POOCH_OK = 0,
+  POOCH_ERR_INVALID_ARG = -1,   /* a parameter or flag is wrong */
+  POOCH_ERR_BAD_INPUT = -2,     /* a file or data set is malformed */
+  POOCH_ERR_OUT_OF_BUDGET = -3, /* the plan does not fit the device budget */
+  POOCH_ERR_NO_DEVICE = -4,     /* the requested device is not present */
+  POOCH_ERR_UNSUPPORTED = -5,   /* no kernel or feature for this case */
+  POOCH_ERR_CANCELLED = -6,     /* a callback or pooch_session_cancel stopped the call */
+  POOCH_ERR_IO = -7,            /* reading or writing a file failed */
+  POOCH_ERR_OUT_OF_MEMORY = -8, /* host memory could not be allocated */
+  POOCH_ERR_INTERNAL = -9       /* a bug in pooch: please report it */
+} pooch_status;
+
+POOCH_API const char* pooch_status_str(pooch_status status);
+/* The message of the last failed call on this thread ("" if none). */
+POOCH_API const char* pooch_last_error(void);
+
+/* Library version as (major << 16) | (minor << 8) | patch, and as a string. */
+POOCH_API unsigned pooch_version(void);
+POOCH_API const char* pooch_version_str(void);
+
+typedef enum pooch_log_level {
+  POOCH_LOG_DEBUG = 0,
+  POOCH_LOG_INFO = 1,
+  POOCH_LOG_WARN = 2,
+  POOCH_LOG_ERROR = 3
+} pooch_log_level;
+
+typedef void (*pooch_log_fn)(void* user, pooch_log_level level, const char* message);
+/* Messages at `min_level` and above go to `fn` (NULL: stderr, the default). */
+POOCH_API void pooch_set_log(pooch_log_fn fn, void* user, pooch_log_level min_level);
+
+/* ---------------------------------------------------------------------- */
+/* Models                                                                 */
+
+typedef struct pooch_model pooch_model;
+
+typedef enum pooch_loss {
+  POOCH_LOSS_BCE = 0,
+  POOCH_LOSS_SQUARED_HINGE = 1,
+  POOCH_LOSS_SOFTMAX = 2
+} pooch_loss;
+
+/* The extreme multi-label shape: sparse (bag-of-words) input -> linear(hidden)
+ * -> relu [-> dropout] -> output layer over `labels`, dense or fixed fan-in. */
+typedef struct pooch_xmc_params {
+  int64_t features;   /* input width (bag-of-words vocabulary) */
+  int64_t labels;     /* output width */
+  int64_t hidden;     /* first layer width (default 256) */
+  int64_t fan_in;     /* inputs per label in the fixed fan-in head; 0: dense head (default 32) */
+  int64_t batch_size; /* rows per step (default 64) */
+  int64_t max_nnz;    /* nonzeros per batch the graph reserves; 0: batch_size * 64 */
+  float dropout;      /* after the hidden layer (default 0) */
+  pooch_loss loss;    /* default BCE */
+  uint64_t seed;      /* weight init, dropout, fan-in wiring (default 1) */
+} pooch_xmc_params;
+
+POOCH_API void pooch_xmc_default_params(pooch_xmc_params* p);
+POOCH_API pooch_status pooch_model_create_xmc(const pooch_xmc_params* p, pooch_model** out);
+POOCH_API void pooch_model_free(pooch_model** model);
+
+/* ---------------------------------------------------------------------- */
+/* Training sessions                                                      */
+
+typedef struct pooch_session pooch_session;
+
+typedef enum pooch_optimizer {
+  POOCH_OPT_ADAM = 0,
+  POOCH_OPT_ADAMW = 1,
+  POOCH_OPT_SGD = 2
+} pooch_optimizer;
+
+typedef enum pooch_device {
+  POOCH_DEVICE_AUTO = 0, /* CUDA when a GPU is present, else the CPU (with one log line) */
+  POOCH_DEVICE_CPU = 1,
+  POOCH_DEVICE_CUDA = 2
+} pooch_device;
+
+/* Called after each step; return 0 to cancel the running call. */
+typedef int (*pooch_progress_fn)(void* user, int64_t step, float loss);
+
+typedef struct pooch_session_params {
+  pooch_device device;      /* default AUTO */
+  size_t device_memory;     /* device budget in bytes; 0: all the device offers */
+  int threads;              /* CPU threads; 0: all cores */
+  pooch_optimizer optimizer;/* default ADAM */
+  float learning_rate;      /* default 1e-3 */
+  float beta1, beta2, eps;  /* Adam: 0.9, 0.999, 1e-8 */
+  float weight_decay;       /* default 0 (AdamW: decoupled) */
+  float momentum;           /* SGD: default 0.9 */
+  int deterministic;        /* prefer bitwise reproducible kernels (default 1) */
+  pooch_progress_fn progress;
+  void* progress_user;
+} pooch_session_params;
+
+POOCH_API void pooch_session_default_params(pooch_session_params* p);
+/* Plans the step (arena offsets for every tensor) and takes the arena. Fails
+ * with POOCH_ERR_OUT_OF_BUDGET, naming the minimum budget, when it does not fit. */
+POOCH_API pooch_status pooch_session_create(pooch_model* model, const pooch_session_params* p,
+                                            pooch_session** out);
+POOCH_API void pooch_session_free(pooch_session** session);
+
+/* One batch: rows in CSR form (row_ptr has rows+1 entries; col/val row_ptr[rows]
+ * entries, columns < features), and the labels of each row in CSR form
+ * (label_ptr rows+1 entries, label ids < labels). rows <= batch_size. */
+typedef struct pooch_batch {
+  int64_t rows;
+  const int64_t* row_ptr;
+  const int32_t* col;
+  const float* val;
+  const int64_t* label_ptr;
+  const int32_t* label;
+} pooch_batch;
+
+/* One forward, backward and optimizer update; *loss gets the batch loss. */
+POOCH_API pooch_status pooch_session_step(pooch_session* s, const pooch_batch* batch, float* loss);
+/* Top-k labels per row: labels[rows*k] and scores[rows*k], best first. */
+POOCH_API pooch_status pooch_session_predict(pooch_session* s, const pooch_batch* batch, int k,
+                                             int32_t* labels, float* scores);
+/* Thread-safe: makes the running or next call on `s` return POOCH_ERR_CANCELLED. */
+POOCH_API void pooch_session_cancel(pooch_session* s);
+
+typedef struct pooch_memory_report {
+  size_t arena_bytes;     /* the fixed device buffer the plan needs (its peak) */
+  size_t by_role[5];      /* input, weight, activation, gradient, optimizer state */
+  size_t budget;          /* the budget it was planned against */
+  const char* backend;    /* "cpu" or "cuda" */
+} pooch_memory_report;
+
+POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* POOCH_H */
