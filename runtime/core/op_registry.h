@@ -40,6 +40,9 @@ struct OpDef {
   // are never shared with anything else.
   std::vector<int> mutates;
   BackwardFn backward;  // empty: not differentiable
+  // A loss: its output is a scalar, it is only ever the root of the backward
+  // pass, and its backward builder ignores dy (the gradient of the loss is 1).
+  bool is_loss = false;
 };
 
 // Bytes read and written by one call, from the operand sizes.
