@@ -1,6 +1,7 @@
 #include "graph.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "../../kernels/common/kernel_abi.h"
 #include "error.h"
@@ -31,9 +32,7 @@ int64_t TensorDesc::numel() const {
 }
 
 std::string shape_str(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
-  return out + "]";
+  return fmt::format("[{}]", fmt::join(s, ","));
 }
 
 double Attrs::get(std::string_view k, double fallback) const {
