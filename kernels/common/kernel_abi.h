@@ -76,6 +76,8 @@ struct KernelContext {
   uint64_t seed = 0;  // the session's seed
   uint64_t step = 0;  // optimizer step counter, starting at 1 for the first update
   int threads = 1;    // CPU threads a kernel may use
+  int training = 1;   // 0 in inference: dropout passes its input through
+  double lr_scale = 1.0;  // learning-rate schedule factor the optimizer updates apply
 };
 
 struct KernelArgs {

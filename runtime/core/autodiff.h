@@ -1,0 +1,21 @@
+// Reverse-mode differentiation over the static graph: appends the backward
+// ops of every forward node that lies on a path from a trainable weight to
+// the loss, summing gradients where a tensor feeds several ops.
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "graph.h"
+
+namespace pooch {
+
+struct WeightGrad {
+  TensorId weight;
+  TensorId grad;  // may be row-sparse (TensorDesc::sparse_rows)
+};
+
+// `loss` must be the scalar output of a loss op (OpDef::is_loss). Returns the
+// gradient of every trainable weight the loss depends on, in weight order.
+std::vector<WeightGrad> build_backward(Graph& g, TensorId loss);
+
+}  // namespace pooch
