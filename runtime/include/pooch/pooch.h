@@ -88,6 +88,7 @@ typedef struct pooch_xmc_params {
   float dropout;      /* after the hidden layer (default 0) */
   pooch_loss loss;    /* default BCE */
   uint64_t seed;      /* weight init, dropout, fan-in wiring (default 1) */
+  int topk;           /* the most labels pooch_session_predict returns per row (default 5) */
 } pooch_xmc_params;
 
 POOCH_API void pooch_xmc_default_params(pooch_xmc_params* p);
@@ -135,9 +136,11 @@ POOCH_API pooch_status pooch_session_create(pooch_model* model, const pooch_sess
                                             pooch_session** out);
 POOCH_API void pooch_session_free(pooch_session** session);
 
-/* One batch: rows in CSR form (row_ptr has rows+1 entries; col/val row_ptr[rows]
- * entries, columns < features), and the labels of each row in CSR form
- * (label_ptr rows+1 entries, label ids < labels). rows <= batch_size. */
+/* One batch: rows in CSR form (row_ptr has rows+1 entries; row r's features
+ * are col/val[row_ptr[r] .. row_ptr[r+1]), columns < features; row_ptr[0]
+ * need not be 0, so a batch can be a view into a larger set), and the labels
+ * of each row in the same form (label_ptr, label ids < labels; may be NULL
+ * for predict). rows <= batch_size. */
 typedef struct pooch_batch {
   int64_t rows;
   const int64_t* row_ptr;
@@ -163,6 +166,39 @@ typedef struct pooch_memory_report {
 } pooch_memory_report;
 
 POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out);
+
+/* Copies the tensor `name` (e.g. "hidden.weight", "head.weight.m") out of the
+ * arena into dst, which must hold exactly its size in bytes (*bytes gets the
+ * size; pass dst NULL to ask for it). */
+POOCH_API pooch_status pooch_session_read_tensor(const pooch_session* s, const char* name,
+                                                 void* dst, size_t* bytes);
+
+/* ---------------------------------------------------------------------- */
+/* Data sets                                                              */
+
+typedef struct pooch_dataset pooch_dataset;
+
+/* A synthetic problem whose labels are predictable from the features: each
+ * label owns `topic_features` features; each row draws 1-3 labels and carries
+ * most of their features plus `noise_features` random ones. */
+typedef struct pooch_planted_params {
+  int64_t rows;       /* default 2048 */
+  int64_t features;   /* default 1000 */
+  int64_t labels;     /* default 200 */
+  int topic_features; /* default 4 */
+  int noise_features; /* default 3 */
+  uint64_t seed;      /* default 1 */
+} pooch_planted_params;
+
+POOCH_API void pooch_planted_default_params(pooch_planted_params* p);
+POOCH_API pooch_status pooch_dataset_create_planted(const pooch_planted_params* p,
+                                                    pooch_dataset** out);
+POOCH_API void pooch_dataset_free(pooch_dataset** ds);
+POOCH_API pooch_status pooch_dataset_shape(const pooch_dataset* ds, int64_t* rows,
+                                           int64_t* features, int64_t* labels);
+/* A view of rows [first, first + rows) (clipped at the end), valid while ds lives. */
+POOCH_API pooch_status pooch_dataset_batch(const pooch_dataset* ds, int64_t first, int64_t rows,
+                                           pooch_batch* out);
 
 #ifdef __cplusplus
 }

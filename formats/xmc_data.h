@@ -1,0 +1,35 @@
+// An extreme multi-label data set in memory: features and labels per row,
+// both in CSR form.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace pooch {
+
+struct XmcDataset {
+  int64_t features = 0;
+  int64_t labels = 0;
+  std::vector<int64_t> row_ptr{0};  // rows + 1
+  std::vector<int32_t> col;
+  std::vector<float> val;
+  std::vector<int64_t> label_ptr{0};  // rows + 1
+  std::vector<int32_t> label;
+
+  int64_t rows() const { return static_cast<int64_t>(row_ptr.size()) - 1; }
+};
+
+// A small problem whose labels are exactly predictable from the features:
+// every label owns a few "topic" features; a point draws 1-3 labels (lower
+// ids more often) and carries a few topic features of each, plus noise.
+struct PlantedParams {
+  int64_t rows = 2048;
+  int64_t features = 1000;
+  int64_t labels = 200;
+  int topic_features = 4;  // features owned by each label
+  int noise_features = 3;  // random features per point
+  uint64_t seed = 1;
+};
+
+XmcDataset make_planted(const PlantedParams& p);
+
+}  // namespace pooch
