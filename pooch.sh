@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# pooch.sh demo | test | bench — set up a fresh Debian 12 machine (installing
+# what is missing), build, and run the main job, the test suite or the
+# benchmarks.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+BUILD=${POOCH_BUILD:-build}
+DEBIAN_PACKAGES=(
+  meson ninja-build pkg-config g++
+  libopenblas-dev libopenblas0-pthread libmimalloc-dev libfmt-dev libcli11-dev
+  nlohmann-json3-dev libxxhash-dev libgtest-dev
+)
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+install_missing() {
+  local missing=()
+  for p in "${DEBIAN_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "pooch.sh: installing ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  fi
+}
+
+configure_and_build() {
+  if [ ! -f "$BUILD/build.ninja" ]; then
+    meson setup "$BUILD" --buildtype=release
+  fi
+  ninja -C "$BUILD"
+}
+
+cmd=${1:-}
+case "$cmd" in
+  demo)
+    install_missing
+    configure_and_build
+    shift
+    "$BUILD/apps/pooch-run" demo "$@"
+    ;;
+  test)
+    install_missing
+    configure_and_build
+    meson test -C "$BUILD" --print-errorlogs
+    ;;
+  bench)
+    install_missing
+    configure_and_build
+    "$BUILD/tests/pooch-opcheck" --bench
+    ;;
+  *)
+    echo "usage: ./pooch.sh demo [demo flags] | test | bench" >&2
+    exit 1
+    ;;
+esac
