@@ -1,1 +1,189 @@
+// The C API as an embedding application sees it: only pooch.h.
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pooch/pooch.h"
+
+namespace {
+
+struct Fixture {
+  pooch_dataset* ds = nullptr;
+  pooch_model* model = nullptr;
+  pooch_session* sess = nullptr;
+  Fixture(size_t device_memory = 0, pooch_device device = POOCH_DEVICE_CPU) {
+    pooch_planted_params dp;
+    pooch_planted_default_params(&dp);
+    dp.rows = 256;
+    dp.features = 200;
+    dp.labels = 40;
+    EXPECT_EQ(pooch_dataset_create_planted(&dp, &ds), POOCH_OK);
+    pooch_xmc_params mp;
+    pooch_xmc_default_params(&mp);
+    mp.features = 200;
+    mp.labels = 40;
+    mp.hidden = 32;
+    mp.fan_in = 8;
+    mp.batch_size = 16;
+    EXPECT_EQ(pooch_model_create_xmc(&mp, &model), POOCH_OK);
+    pooch_session_params sp;
+    pooch_session_default_params(&sp);
+    sp.device = device;
+    sp.device_memory = device_memory;
+    sp.threads = 1;
+    status = pooch_session_create(model, &sp, &sess);
+  }
+  ~Fixture() {
+    pooch_session_free(&sess);
+    pooch_model_free(&model);
+    pooch_dataset_free(&ds);
+  }
+  pooch_status status;
+};
+
+}  // namespace
+
+TEST(Api, VersionAndStatusStrings) {
+  EXPECT_EQ(pooch_version() >> 16, static_cast<unsigned>(POOCH_VERSION_MAJOR));
+  EXPECT_STREQ(pooch_version_str(), "0.1.0");
+  EXPECT_STREQ(pooch_status_str(POOCH_OK), "ok");
+  for (int s = -1; s >= -9; --s)
+    EXPECT_STRNE(pooch_status_str(static_cast<pooch_status>(s)), "unknown status") << s;
+}
+
+TEST(Api, NullArgumentsAreErrorsWithMessages) {
+  pooch_model* m = nullptr;
+  EXPECT_EQ(pooch_model_create_xmc(nullptr, &m), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("pooch_model_create_xmc"), std::string::npos);
+  EXPECT_EQ(pooch_session_step(nullptr, nullptr, nullptr), POOCH_ERR_INVALID_ARG);
+  pooch_model_free(nullptr);
+  pooch_session_free(nullptr);
+}
+
+TEST(Api, BadModelParametersNameTheField) {
+  pooch_xmc_params mp;
+  pooch_xmc_default_params(&mp);
+  mp.features = 100;
+  mp.labels = 0;
+  pooch_model* m = nullptr;
+  EXPECT_EQ(pooch_model_create_xmc(&mp, &m), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(m, nullptr);
+  EXPECT_NE(std::string(pooch_last_error()).find("labels"), std::string::npos)
+      << pooch_last_error();
+}
+
+TEST(Api, TrainPredictAndReadBack) {
+  Fixture f;
+  ASSERT_EQ(f.status, POOCH_OK) << pooch_last_error();
+  pooch_batch b;
+  ASSERT_EQ(pooch_dataset_batch(f.ds, 0, 16, &b), POOCH_OK);
+  float first = 0, loss = 0;
+  ASSERT_EQ(pooch_session_step(f.sess, &b, &first), POOCH_OK) << pooch_last_error();
+  for (int i = 0; i < 30; ++i) ASSERT_EQ(pooch_session_step(f.sess, &b, &loss), POOCH_OK);
+  EXPECT_LT(loss, first);
+  std::vector<int32_t> labels(16 * 3);
+  std::vector<float> scores(16 * 3);
+  ASSERT_EQ(pooch_session_predict(f.sess, &b, 3, labels.data(), scores.data()), POOCH_OK);
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_GE(scores[r * 3], scores[r * 3 + 1]);
+    for (int j = 0; j < 3; ++j) EXPECT_TRUE(labels[r * 3 + j] >= 0 && labels[r * 3 + j] < 40);
+  }
+  EXPECT_EQ(pooch_session_predict(f.sess, &b, 6, labels.data(), scores.data()),
+            POOCH_ERR_INVALID_ARG);
+  size_t bytes = 0;
+  ASSERT_EQ(pooch_session_read_tensor(f.sess, "head.bias", nullptr, &bytes), POOCH_OK);
+  EXPECT_EQ(bytes, 40u * 4u);
+  std::vector<float> bias(40);
+  ASSERT_EQ(pooch_session_read_tensor(f.sess, "head.bias", bias.data(), &bytes), POOCH_OK);
+  EXPECT_EQ(pooch_session_read_tensor(f.sess, "nope", bias.data(), &bytes), POOCH_ERR_INVALID_ARG);
+  pooch_memory_report mem;
+  ASSERT_EQ(pooch_session_memory(f.sess, &mem), POOCH_OK);
+  EXPECT_GT(mem.arena_bytes, 0u);
+  EXPECT_STREQ(mem.backend, "cpu");
+}
+
+TEST(Api, BadBatchSaysWhereAndLosesNothing) {
+  Fixture f;
+  ASSERT_EQ(f.status, POOCH_OK);
+  const int64_t ptr[3] = {0, 2, 3};
+  const int32_t col[3] = {1, 5, 999};  // 999 >= 200 features
+  const float val[3] = {1, 1, 1};
+  const int64_t lptr[3] = {0, 1, 1};
+  const int32_t lab[1] = {3};
+  pooch_batch b{2, ptr, col, val, lptr, lab};
+  EXPECT_EQ(pooch_session_step(f.sess, &b, nullptr), POOCH_ERR_BAD_INPUT);
+  const std::string msg = pooch_last_error();
+  EXPECT_NE(msg.find("row 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("999"), std::string::npos) << msg;
+  // The session is still usable.
+  pooch_batch good;
+  pooch_dataset_batch(f.ds, 0, 16, &good);
+  EXPECT_EQ(pooch_session_step(f.sess, &good, nullptr), POOCH_OK);
+}
+
+TEST(Api, CancelFromAnotherThread) {
+  Fixture f;
+  ASSERT_EQ(f.status, POOCH_OK);
+  std::thread t([&] { pooch_session_cancel(f.sess); });
+  t.join();
+  pooch_batch b;
+  pooch_dataset_batch(f.ds, 0, 16, &b);
+  EXPECT_EQ(pooch_session_step(f.sess, &b, nullptr), POOCH_ERR_CANCELLED);
+  EXPECT_EQ(pooch_session_step(f.sess, &b, nullptr), POOCH_OK);
+}
+
+TEST(Api, TooSmallABudgetNamesTheMinimum) {
+  Fixture f(4096);
+  EXPECT_EQ(f.status, POOCH_ERR_OUT_OF_BUDGET);
+  EXPECT_EQ(f.sess, nullptr);
+  EXPECT_NE(std::string(pooch_last_error()).find("at least"), std::string::npos)
+      << pooch_last_error();
+}
+
+TEST(Api, CudaWithoutAGpuIsAClearError) {
+  Fixture f(0, POOCH_DEVICE_CUDA);
+  EXPECT_EQ(f.status, POOCH_ERR_NO_DEVICE);
+  EXPECT_NE(std::string(pooch_last_error()).find("cuda"), std::string::npos) << pooch_last_error();
+  Fixture a(0, POOCH_DEVICE_AUTO);
+  EXPECT_EQ(a.status, POOCH_OK);
+}
+
+static int stop_after_two(void* user, int64_t step, float) {
+  *static_cast<int64_t*>(user) = step;
+  return step < 2;
+}
+
+TEST(Api, ProgressCallbackCanCancel) {
+  pooch_planted_params dp;
+  pooch_planted_default_params(&dp);
+  pooch_dataset* ds = nullptr;
+  ASSERT_EQ(pooch_dataset_create_planted(&dp, &ds), POOCH_OK);
+  pooch_xmc_params mp;
+  pooch_xmc_default_params(&mp);
+  mp.features = dp.features;
+  mp.labels = dp.labels;
+  mp.hidden = 16;
+  mp.fan_in = 4;
+  pooch_model* m = nullptr;
+  ASSERT_EQ(pooch_model_create_xmc(&mp, &m), POOCH_OK);
+  int64_t seen = 0;
+  pooch_session_params sp;
+  pooch_session_default_params(&sp);
+  sp.device = POOCH_DEVICE_CPU;
+  sp.progress = stop_after_two;
+  sp.progress_user = &seen;
+  pooch_session* s = nullptr;
+  ASSERT_EQ(pooch_session_create(m, &sp, &s), POOCH_OK);
+  pooch_batch b;
+  pooch_dataset_batch(ds, 0, 64, &b);
+  EXPECT_EQ(pooch_session_step(s, &b, nullptr), POOCH_OK);
+  EXPECT_EQ(pooch_session_step(s, &b, nullptr), POOCH_ERR_CANCELLED);
+  EXPECT_EQ(seen, 2);
+  pooch_session_free(&s);
+  EXPECT_EQ(s, nullptr);
+  pooch_model_free(&m);
+  pooch_dataset_free(&ds);
+}

@@ -1,1 +1,161 @@
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "formats/xmc_data.h"
+#include "runtime/core/autodiff.h"
+#include "runtime/core/error.h"
+#include "runtime/exec/executor.h"
+#include "runtime/train/xmc_session.h"
+
+using namespace pooch;
+
+// Every operator new in this process is counted, so a test can assert that a
+// training step allocates nothing.
+static std::atomic<long> g_news{0};
+void* operator new(size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+
+namespace {
+
+BatchView view(const XmcDataset& d, int64_t first, int64_t rows) {
+  BatchView b;
+  b.rows = std::min(rows, d.rows() - first);
+  b.row_ptr = d.row_ptr.data() + first;
+  b.col = d.col.data();
+  b.val = d.val.data();
+  b.label_ptr = d.label_ptr.data() + first;
+  b.label = d.label.data();
+  return b;
+}
+
+XmcModelSpec small_spec() {
+  XmcModelSpec s;
+  s.features = 300;
+  s.labels = 50;
+  s.hidden = 32;
+  s.fan_in = 8;
+  s.batch = 16;
+  s.dropout = 0.1;
+  return s;
+}
+
+}  // namespace
+
+TEST(Executor, NoAllocationDuringSteps) {
+  PlantedParams pp;
+  pp.rows = 256;
+  pp.features = 300;
+  pp.labels = 50;
+  const XmcDataset data = make_planted(pp);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  XmcSession s(build_xmc_model(small_spec(), {}), cfg);
+  s.step(view(data, 0, 16));  // warm-up: thread pools start lazily
+  const long before = g_news.load();
+  for (int64_t first = 16; first < 256; first += 16) s.step(view(data, first, 16));
+  EXPECT_EQ(g_news.load() - before, 0) << "operator new was called during training steps";
+}
+
+TEST(Executor, ArenaReusesMemoryAndReportsRoles) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  XmcSession s(build_xmc_model(small_spec(), {}), cfg);
+  const ArenaPlan& plan = s.executor().plan();
+  size_t total = 0;
+  for (const TensorDesc& t : s.model().graph.tensors()) total += t.bytes();
+  EXPECT_LT(plan.peak, total) << "live intervals should let buffers share memory";
+  EXPECT_GE(plan.peak, plan.live_peak);
+  size_t weights = 0;
+  for (const TensorDesc& t : s.model().graph.tensors())
+    if (t.role == Role::weight) weights += t.bytes();
+  EXPECT_EQ(plan.bytes_by_role[static_cast<int>(Role::weight)], weights);
+}
+
+TEST(Executor, BudgetBelowThePlanIsAnErrorNamingTheMinimum) {
+  size_t need = 0;
+  {
+    SessionConfig cfg;
+    cfg.device = DeviceKind::cpu;
+    XmcSession s(build_xmc_model(small_spec(), {}), cfg);
+    need = s.executor().plan().peak;
+  }
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.device_memory = need - 1;
+  try {
+    XmcSession s(build_xmc_model(small_spec(), {}), cfg);
+    FAIL() << "expected an out-of-budget error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
+    EXPECT_NE(std::string(e.what()).find(std::to_string(need)), std::string::npos) << e.what();
+  }
+  cfg.device_memory = need;
+  EXPECT_NO_THROW(XmcSession(build_xmc_model(small_spec(), {}), cfg));
+}
+
+// The whole chain (graph, autodiff, arena, kernels, executor) against finite
+// differences of the loss, in f32 with a loose tolerance.
+TEST(Executor, WholeModelGradientMatchesFiniteDifferences) {
+  Graph g;
+  const TensorId x = g.add_tensor({"x", DType::f32, {3, 4}, Role::input});
+  const TensorId t = g.add_tensor({"t", DType::f32, {3, 5}, Role::input});
+  TensorDesc wd{"w", DType::f32, {6, 4}, Role::weight};
+  wd.trainable = true;
+  const TensorId w = g.add_tensor(wd);
+  TensorDesc w2d{"w2", DType::f32, {5, 6}, Role::weight};
+  w2d.trainable = true;
+  const TensorId w2 = g.add_tensor(w2d);
+  const TensorId h = g.add_op1("gelu", {g.add_op1("linear", {x, w})});
+  const TensorId loss = g.add_op1("bce_logits", {g.add_op1("linear", {h, w2}), t});
+  g.mark_output(loss);
+  const auto grads = build_backward(g, loss);
+  ASSERT_EQ(grads.size(), 2u);
+  g.mark_output(grads[0].grad);
+
+  auto be = make_cpu_backend({});
+  Executor ex(g, *be, {});
+  const Program fwd = ex.program({loss}, false);
+  const Program all = ex.program({loss, grads[0].grad}, false);
+  std::vector<float> xv(12), tv(15), wv(24), w2v(30);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(1.0f + i);
+  for (size_t i = 0; i < tv.size(); ++i) tv[i] = (i % 3 == 0) ? 1.0f : 0.0f;
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = 0.5f * std::cos(2.0f + i);
+  for (size_t i = 0; i < w2v.size(); ++i) w2v[i] = 0.3f * std::sin(3.0f * i);
+  std::memcpy(ex.input_staging(x), xv.data(), 48);
+  std::memcpy(ex.input_staging(t), tv.data(), 60);
+  ex.write_tensor(w2, w2v.data(), 120);
+  auto loss_at = [&](const std::vector<float>& wvals) {
+    ex.write_tensor(w, wvals.data(), 96);
+    ex.run(fwd);
+    float l;
+    std::memcpy(&l, ex.output_staging(loss), 4);
+    return static_cast<double>(l);
+  };
+  ex.write_tensor(w, wv.data(), 96);
+  ex.run(all);
+  std::vector<float> analytic(24);
+  std::memcpy(analytic.data(), ex.output_staging(grads[0].grad), 96);
+  const float h_step = 1e-2f;
+  for (size_t i = 0; i < wv.size(); ++i) {
+    auto plus = wv, minus = wv;
+    plus[i] += h_step;
+    minus[i] -= h_step;
+    const double fd = (loss_at(plus) - loss_at(minus)) / (2.0 * h_step);
+    EXPECT_NEAR(fd, analytic[i], 2e-3) << "element " << i;
+  }
+}
