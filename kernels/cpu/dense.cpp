@@ -1,5 +1,394 @@
-// Placeholder until the dense family lands: an empty table.
+// Fast f32 kernels of the dense family (docs/OPS.md, "Dense").
+//
+// GEMMs go to OpenBLAS, always called from outside any OpenMP region: it runs
+// its own thread pool, and calling it from inside ours would oversubscribe
+// the cores. Everything else is OpenMP over rows or elements, with an `if`
+// clause so small tensors stay on the calling thread, and `omp simd` on the
+// inner loops: it both vectorises reductions (a fixed order, so still
+// bitwise reproducible) and lets in-place calls (relu, add) vectorise, where
+// the compiler's own overlap check would fall back to scalar code.
+//
+// Column reductions (bias and layernorm parameter gradients) are split over
+// blocks of columns, each summed over all rows by one thread in row order:
+// deterministic for any thread count, and no atomics.
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "../common/philox.h"
 #include "cpu_kernels.h"
+
 namespace pooch::kern {
-std::vector<KernelVariant> cpu_dense_kernels() { return {}; }
+namespace {
+
+// Below these sizes a parallel region costs more than it saves. Elementwise
+// ops that only load and store saturate memory bandwidth with few threads;
+// gelu and dropout do enough arithmetic per element to split earlier.
+constexpr int64_t kGrainCheap = int64_t{1} << 15;
+constexpr int64_t kGrainMath = int64_t{1} << 12;
+// Columns per task in column reductions: the double accumulators of one
+// block (2 × 64 × 8 bytes) stay in L1 while rows stream past.
+constexpr int64_t kColBlock = 64;
+
+int threads_of(const KernelArgs& a) {
+  return a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
+}
+
+// OpenBLAS takes 32-bit dimensions and rejects a leading dimension of 0, so
+// callers handle empty operands themselves before reaching it.
+blasint bi(int64_t v) {
+  return static_cast<blasint>(v);
+}
+
+// out[c] = Σ_b m[b·C + c] over B rows, in double, parallel over column blocks.
+void column_sums(const float* m, int64_t B, int64_t C, float* out, int threads) {
+  const int64_t nblk = (C + kColBlock - 1) / kColBlock;
+#pragma omp parallel for num_threads(threads) if (B * C > kGrainCheap) schedule(static)
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const int64_t c0 = blk * kColBlock, nc = std::min(kColBlock, C - c0);
+    double acc[kColBlock] = {};
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = m + b * C + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) acc[c] += static_cast<double>(row[c]);
+    }
+    for (int64_t c = 0; c < nc; ++c) out[c0 + c] = static_cast<float>(acc[c]);
+  }
+}
+
+void fill_zero(float* p, int64_t n) {
+  std::fill(p, p + n, 0.0f);
+}
+
+// y[B,O] = x[B,I]·W[O,I]ᵀ (+ b[O]).
+void linear(const KernelArgs& a) {
+  const float* x = a.in[0].as<float>();
+  const float* w = a.in[1].as<float>();
+  const float* bias = a.n_in > 2 ? a.in[2].as<float>() : nullptr;
+  float* y = a.out[0].as<float>();
+  const int64_t B = a.in[0].dim(0), I = a.in[0].dim(1), O = a.in[1].dim(0);
+  if (B == 0 || O == 0) return;
+  // The bias is written first and the GEMM accumulates onto it (beta = 1),
+  // which saves a second pass over y.
+  if (bias) {
+#pragma omp parallel for num_threads(threads_of(a)) if (B * O > kGrainCheap) schedule(static)
+    for (int64_t b = 0; b < B; ++b) std::copy(bias, bias + O, y + b * O);
+  } else if (I == 0) {
+    fill_zero(y, B * O);
+  }
+  if (I == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(B), bi(O), bi(I), 1.0f, x, bi(I), w,
+              bi(I), bias ? 1.0f : 0.0f, y, bi(O));
+}
+
+// dx[B,I] = dy[B,O]·W[O,I].
+void linear_grad_input(const KernelArgs& a) {
+  const float* dy = a.in[0].as<float>();
+  const float* w = a.in[1].as<float>();
+  float* dx = a.out[0].as<float>();
+  const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+  if (B == 0 || I == 0) return;
+  if (O == 0) return fill_zero(dx, B * I);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(B), bi(I), bi(O), 1.0f, dy, bi(O), w,
+              bi(I), 0.0f, dx, bi(I));
+}
+
+// dW[O,I] = dy[B,O]ᵀ·x[B,I], db[O] = Σ_b dy.
+void linear_grad_weight(const KernelArgs& a) {
+  const float* dy = a.in[0].as<float>();
+  const float* x = a.in[1].as<float>();
+  float* dw = a.out[0].as<float>();
+  const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+  if (O > 0 && I > 0) {
+    if (B == 0)
+      fill_zero(dw, O * I);
+    else
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(O), bi(I), bi(B), 1.0f, dy, bi(O), x,
+                  bi(I), 0.0f, dw, bi(I));
+  }
+  if (a.n_out > 1) column_sums(dy, B, O, a.out[1].as<float>(), threads_of(a));
+}
+
+void relu(const KernelArgs& a) {
+  const float* x = a.in[0].as<float>();
+  float* y = a.out[0].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int nt = threads_of(a);
+  // As the reference: NaN stays NaN.
+#pragma omp parallel for simd num_threads(nt) if (parallel : n > kGrainCheap) schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];
+}
+
+void relu_grad(const KernelArgs& a) {
+  const float* dy = a.in[0].as<float>();
+  const float* y = a.in[1].as<float>();
+  float* dx = a.out[0].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int nt = threads_of(a);
+#pragma omp parallel for simd num_threads(nt) if (parallel : n > kGrainCheap) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i];  // loaded unconditionally, so the select vectorises
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  }
+}
+
+// libm's erff and expf are calls the compiler cannot vectorise (without
+// -ffast-math), so gelu uses branch-free approximations that it can.
+
+// c ? a : b as a bit blend. With -ftrapping-math (the default) GCC will not
+// if-convert a float ternary whose result feeds more arithmetic, and leaves
+// the whole loop scalar; a blend of the bits has no control flow to convert.
+inline float select(bool c, float a, float b) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return std::bit_cast<float>((m & std::bit_cast<uint32_t>(a)) | (~m & std::bit_cast<uint32_t>(b)));
+}
+
+// erf as a rational function on [-4, 4] (the minimax fit Eigen and XLA use);
+// beyond that erf is ±1 in single precision. Within 4.2e-7 of erf (7 ulp
+// near ±1, where gelu's 1 + erf cancels anyway).
+inline float erf_approx(float v) {
+  // A NaN fails both tests and propagates.
+  float x = select(v < -4.0f, -4.0f, v);
+  x = select(x > 4.0f, 4.0f, x);
+  const float x2 = x * x;
+  float p = x2 * -2.72614225801306e-10f + 2.77068142495902e-08f;
+  p = x2 * p + -2.10102402082508e-06f;
+  p = x2 * p + -5.69250639462346e-05f;
+  p = x2 * p + -7.34990630326855e-04f;
+  p = x2 * p + -2.95459980854025e-03f;
+  p = x2 * p + -1.60960333262415e-02f;
+  p = x * p;
+  float q = x2 * -1.45660718464996e-05f + -2.13374055278905e-04f;
+  q = x2 * q + -1.68282697438203e-03f;
+  q = x2 * q + -7.37332916720468e-03f;
+  q = x2 * q + -1.42647390514189e-02f;
+  return p / q;
+}
+
+// e^t for t <= 0 (Cephes' expf: t = k·ln2 + r, a degree-7 polynomial in r,
+// then 2^k through the exponent bits). About 1 ulp. Below -87 the result
+// (< 1.7e-38) is flushed to 0, which keeps 2^k a normal number.
+inline float exp_nonpositive(float t) {
+  // The clamp maps NaN to -87 too, so the float-to-int conversion is always
+  // defined; r is then taken from t itself, so a NaN still propagates.
+  const float tc = select(t >= -87.0f, t, -87.0f);
+  const float fx = tc * 1.44269504088896341f + 0.5f;
+  int32_t k = static_cast<int32_t>(fx);
+  k -= static_cast<int32_t>(static_cast<float>(k) > fx);  // truncation to floor for negative fx
+  const float kf = static_cast<float>(k);
+  const float r = t - kf * 0.693359375f - kf * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(k + 127) << 23);
+  return select(t < -87.0f, 0.0f, y * scale);
+}
+
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+
+void gelu(const KernelArgs& a) {
+  const float* x = a.in[0].as<float>();
+  float* y = a.out[0].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int nt = threads_of(a);
+#pragma omp parallel for simd num_threads(nt) if (parallel : n > kGrainMath) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    y[i] = v * (0.5f + 0.5f * erf_approx(v * kInvSqrt2));
+  }
+}
+
+void gelu_grad(const KernelArgs& a) {
+  const float* dy = a.in[0].as<float>();
+  const float* x = a.in[1].as<float>();
+  float* dx = a.out[0].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int nt = threads_of(a);
+#pragma omp parallel for simd num_threads(nt) if (parallel : n > kGrainMath) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float cdf = 0.5f + 0.5f * erf_approx(v * kInvSqrt2);
+    const float pdf = kInvSqrt2Pi * exp_nonpositive(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
+}
+
+// dropout and dropout_grad. One Philox call yields four uniforms, and
+// philox_uniform(seed, step, key, i) uses word i & 3 of block i >> 2: the loop
+// walks whole blocks and reproduces exactly those values, a quarter of the
+// work of calling philox_uniform per element. The product is formed in double
+// as the reference does, so results match it bit for bit.
+void dropout(const KernelArgs& a) {
+  const float* x = a.in[0].as<float>();
+  float* y = a.out[0].as<float>();
+  const int64_t n = a.in[0].numel();
+  const double p = a.attrs.get("p", 0.0);
+  const int threads = threads_of(a);
+  // Inference (training = 0) passes the input through, as p = 0 does.
+  if (p <= 0.0 || (a.ctx && !a.ctx->training)) {
+    if (y != x) {
+#pragma omp parallel for num_threads(threads) if (parallel : n > kGrainCheap) schedule(static)
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+    }
+    return;
+  }
+  const uint32_t key = static_cast<uint32_t>(a.attrs.geti("key", 0));
+  const uint64_t seed = a.ctx ? a.ctx->seed : 0, step = a.ctx ? a.ctx->step : 0;
+  const float pf = static_cast<float>(p);
+  const double scale = 1.0 / (1.0 - p);
+  const int64_t nblk = (n + 3) / 4;
+#pragma omp parallel for num_threads(threads) if (parallel : n > kGrainMath) schedule(static)
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const uint64_t ub = static_cast<uint64_t>(blk);
+    const Philox4 r = philox4x32_10(static_cast<uint32_t>(ub), static_cast<uint32_t>(ub >> 32), key,
+                                    static_cast<uint32_t>(step), static_cast<uint32_t>(seed),
+                                    static_cast<uint32_t>(seed >> 32));
+    const int64_t i0 = blk * 4, m = std::min<int64_t>(4, n - i0);
+    for (int64_t j = 0; j < m; ++j) {
+      const float u = static_cast<float>(r.v[j] >> 8) * (1.0f / 16777216.0f);
+      y[i0 + j] = static_cast<float>(static_cast<double>(x[i0 + j]) * (u >= pf ? scale : 0.0));
+    }
+  }
+}
+
+void layernorm(const KernelArgs& a) {
+  const float* x = a.in[0].as<float>();
+  const float* gamma = a.in[1].as<float>();
+  const float* beta = a.in[2].as<float>();
+  float* y = a.out[0].as<float>();
+  float* mean_out = a.out[1].as<float>();
+  float* rstd_out = a.out[2].as<float>();
+  const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+  const double eps = a.attrs.get("eps", 1e-5);
+  const double inv_d = D > 0 ? 1.0 / static_cast<double>(D) : 0.0;
+#pragma omp parallel for num_threads(threads_of(a)) if (B * D > kGrainMath) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    const float* xr = x + b * D;
+    float* yr = y + b * D;
+    // Statistics in double and in two passes, as the reference: rows with a
+    // large common offset keep their variance.
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < D; ++d) s += static_cast<double>(xr[d]);
+    const double mean = s * inv_d;
+    double v = 0.0;
+#pragma omp simd reduction(+ : v)
+    for (int64_t d = 0; d < D; ++d) {
+      const double c = static_cast<double>(xr[d]) - mean;
+      v += c * c;
+    }
+    const double rstd = 1.0 / std::sqrt(v * inv_d + eps);
+    const float m = static_cast<float>(mean), rs = static_cast<float>(rstd);
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) yr[d] = (xr[d] - m) * rs * gamma[d] + beta[d];
+    mean_out[b] = m;
+    rstd_out[b] = rs;
+  }
+}
+
+// dx = rstd·(g − mean_d(g) − xhat·mean_d(g·xhat)), g = dy·γ, xhat = (x − mean)·rstd;
+// dγ = Σ_b dy·xhat, dβ = Σ_b dy.
+void layernorm_grad(const KernelArgs& a) {
+  const float* dy = a.in[0].as<float>();
+  const float* x = a.in[1].as<float>();
+  const float* gamma = a.in[2].as<float>();
+  const float* mean = a.in[3].as<float>();
+  const float* rstd = a.in[4].as<float>();
+  float* dx = a.out[0].as<float>();
+  float* dgamma = a.out[1].as<float>();
+  float* dbeta = a.out[2].as<float>();
+  const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+  const double inv_d = D > 0 ? 1.0 / static_cast<double>(D) : 0.0;
+  const int64_t nblk = (D + kColBlock - 1) / kColBlock;
+#pragma omp parallel num_threads(threads_of(a)) if (B * D > kGrainMath)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t b = 0; b < B; ++b) {
+      const float* dyr = dy + b * D;
+      const float* xr = x + b * D;
+      float* dxr = dx + b * D;
+      const float m = mean[b], rs = rstd[b];
+      double sg = 0.0, sgx = 0.0;
+#pragma omp simd reduction(+ : sg, sgx)
+      for (int64_t d = 0; d < D; ++d) {
+        const float g = dyr[d] * gamma[d];
+        const float xhat = (xr[d] - m) * rs;
+        sg += static_cast<double>(g);
+        sgx += static_cast<double>(g) * static_cast<double>(xhat);
+      }
+      const float mg = static_cast<float>(sg * inv_d), mgx = static_cast<float>(sgx * inv_d);
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) {
+        const float g = dyr[d] * gamma[d];
+        const float xhat = (xr[d] - m) * rs;
+        dxr[d] = rs * (g - mg - xhat * mgx);
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < nblk; ++blk) {
+      const int64_t d0 = blk * kColBlock, nd = std::min(kColBlock, D - d0);
+      double ag[kColBlock] = {}, ab[kColBlock] = {};
+      for (int64_t b = 0; b < B; ++b) {
+        const float* dyr = dy + b * D + d0;
+        const float* xr = x + b * D + d0;
+        const float m = mean[b], rs = rstd[b];
+#pragma omp simd
+        for (int64_t d = 0; d < nd; ++d) {
+          const float xhat = (xr[d] - m) * rs;
+          ag[d] += static_cast<double>(dyr[d]) * static_cast<double>(xhat);
+          ab[d] += static_cast<double>(dyr[d]);
+        }
+      }
+      for (int64_t d = 0; d < nd; ++d) {
+        dgamma[d0 + d] = static_cast<float>(ag[d]);
+        dbeta[d0 + d] = static_cast<float>(ab[d]);
+      }
+    }
+  }
+}
+
+void add(const KernelArgs& a) {
+  const float* x = a.in[0].as<float>();
+  const float* z = a.in[1].as<float>();
+  float* y = a.out[0].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int nt = threads_of(a);
+#pragma omp parallel for simd num_threads(nt) if (parallel : n > kGrainCheap) schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] + z[i];
+}
+
+KernelVariant blas(const char* op, KernelFn fn) {
+  return KernelVariant{op, "blas", fn, nullptr, true};
+}
+KernelVariant omp(const char* op, KernelFn fn) {
+  return KernelVariant{op, "omp", fn, nullptr, true};
+}
+
+}  // namespace
+
+std::vector<KernelVariant> cpu_dense_kernels() {
+  return {
+      blas("linear", linear),
+      blas("linear_grad_input", linear_grad_input),
+      blas("linear_grad_weight", linear_grad_weight),
+      omp("relu", relu),
+      omp("relu_grad", relu_grad),
+      omp("gelu", gelu),
+      omp("gelu_grad", gelu_grad),
+      omp("dropout", dropout),
+      omp("dropout_grad", dropout),
+      omp("layernorm", layernorm),
+      omp("layernorm_grad", layernorm_grad),
+      omp("add", add),
+  };
+}
+
 }  // namespace pooch::kern
