@@ -1,1 +1,432 @@
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/backend/backend.h"
+#include "runtime/backend/cpu/cpu_backend.h"
+#include "runtime/core/error.h"
+
+// Counts heap allocations made by the calling thread while `g_counting` is
+// set, to check that queueing work allocates nothing.
+namespace {
+thread_local bool g_counting = false;
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+// The replacements pair malloc with free; GCC only sees operator new on one
+// side and free on the other and would warn about a mismatch that is not one.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(size_t n) {
+  if (g_counting) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+#pragma GCC diagnostic pop
+
+namespace pooch {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+kern::KernelArgs one_output(void* data, int64_t n, uint8_t pattern = 0) {
+  kern::KernelArgs a;
+  a.n_out = 1;
+  a.out[0].data = data;
+  a.out[0].dtype = DType::u8;
+  a.out[0].ndim = 1;
+  a.out[0].shape[0] = n;
+  a.attrs.set("pattern", pattern);
+  return a;
+}
+
+// Slow enough that a copy not ordered after it would almost surely read the
+// old bytes: the ordering, not luck, makes the tests below pass.
+void slow_fill(const kern::KernelArgs& a) {
+  std::this_thread::sleep_for(50ms);
+  std::memset(a.out[0].data, static_cast<int>(a.attrs.geti("pattern", 0)),
+              static_cast<size_t>(a.out[0].numel()));
+}
+
+// out[0][i] = in[0][i] + 1
+void add_one(const kern::KernelArgs& a) {
+  const auto* x = a.in[0].as<const uint8_t>();
+  auto* y = a.out[0].as<uint8_t>();
+  for (int64_t i = 0; i < a.out[0].numel(); ++i) y[i] = static_cast<uint8_t>(x[i] + 1);
+}
+
+void throws_error(const kern::KernelArgs&) {
+  throw Error(POOCH_ERR_INVALID_ARG, "test kernel refuses its inputs");
+}
+
+void throws_other(const kern::KernelArgs&) {
+  throw std::runtime_error("plain runtime_error");
+}
+
+// Checks that calls arrive in queue order: out[0] holds the next index
+// expected; a kernel that sees another value records the mismatch in out[1].
+void check_order(const kern::KernelArgs& a) {
+  auto* next = a.out[0].as<int64_t>();
+  auto* bad = a.out[1].as<int64_t>();
+  if (*next != a.attrs.geti("i", -1)) ++*bad;
+  ++*next;
+}
+
+const kern::KernelVariant kSlowFill{"test_slow_fill", "test", slow_fill, nullptr, true};
+const kern::KernelVariant kAddOne{"test_add_one", "test", add_one, nullptr, true};
+const kern::KernelVariant kThrows{"test_throws", "test", throws_error, nullptr, true};
+const kern::KernelVariant kThrowsOther{"test_throws_other", "test", throws_other, nullptr, true};
+const kern::KernelVariant kCheckOrder{"test_check_order", "test", check_order, nullptr, true};
+
+std::unique_ptr<Backend> backend_with_arena(size_t arena = kMiB, size_t pool = kMiB) {
+  CpuBackendParams p;
+  p.threads = 2;
+  auto b = make_cpu_backend(p);
+  b->arena_reserve(arena);
+  b->host_pool_reserve(pool);
+  return b;
+}
+
+bool all_equal(const std::byte* p, size_t n, uint8_t v) {
+  for (size_t i = 0; i < n; ++i)
+    if (static_cast<uint8_t>(p[i]) != v) return false;
+  return true;
+}
+
+TEST(CpuBackend, CopyWaitingOnAnEventSeesTheKernelsOutput) {
+  auto b = backend_with_arena();
+  constexpr size_t n = 64 * 1024;
+  std::byte* src = b->arena_base();
+  std::byte* dst = b->host_pool_base();
+  std::memset(src, 0x11, n);
+  std::memset(dst, 0x00, n);
+  const EventId done = b->event_create();
+  const kern::KernelArgs args = one_output(src, n, 0xAB);
+
+  b->launch(Stream::compute, kSlowFill, args);
+  b->event_record(Stream::compute, done);
+  b->stream_wait(Stream::d2h, done);
+  b->copy_async(Stream::d2h, dst, src, n);
+  b->stream_sync(Stream::d2h);
+  EXPECT_TRUE(all_equal(dst, n, 0xAB));
+  b->sync_all();
+}
+
+TEST(CpuBackend, CopyWithoutAWaitRunsAndCompletes) {
+  // Unordered against the kernel, the copy may see either value; only its
+  // completion and the kernel's result are checked.
+  auto b = backend_with_arena();
+  constexpr size_t n = 4096;
+  std::byte* src = b->arena_base();
+  std::byte* dst = b->host_pool_base();
+  std::memset(src, 0x11, n);
+  const kern::KernelArgs args = one_output(src, n, 0xCD);
+  b->launch(Stream::compute, kSlowFill, args);
+  b->copy_async(Stream::d2h, dst, src, n);
+  b->sync_all();
+  EXPECT_TRUE(all_equal(src, n, 0xCD));
+  for (size_t i = 0; i < n; ++i) {
+    const auto v = static_cast<uint8_t>(dst[i]);
+    ASSERT_TRUE(v == 0x11 || v == 0xCD) << "byte " << i << " is " << int{v};
+  }
+}
+
+TEST(CpuBackend, EventsChainAllThreeStreams) {
+  auto b = backend_with_arena();
+  constexpr size_t n = 8192;
+  std::byte* a = b->arena_base();
+  std::byte* c = b->arena_base() + n;
+  std::byte* d = b->arena_base() + 2 * n;
+  std::byte* host = b->host_pool_base();
+  std::memset(b->arena_base(), 0, 3 * n);
+  std::memset(host, 0, n);
+  const EventId filled = b->event_create(), swapped = b->event_create(),
+                prefetched = b->event_create(), finished = b->event_create();
+
+  const kern::KernelArgs fill = one_output(a, n, 41);
+  kern::KernelArgs inc = one_output(d, n);
+  inc.n_in = 1;
+  inc.in[0] = inc.out[0];
+  inc.in[0].data = c;
+
+  // compute writes a -> d2h swaps a out to the host -> h2d brings it back to
+  // c -> compute reads c. Every hop is ordered only by an event.
+  b->launch(Stream::compute, kSlowFill, fill);
+  b->event_record(Stream::compute, filled);
+  b->stream_wait(Stream::d2h, filled);
+  b->copy_async(Stream::d2h, host, a, n);
+  b->event_record(Stream::d2h, swapped);
+  b->stream_wait(Stream::h2d, swapped);
+  b->copy_async(Stream::h2d, c, host, n);
+  b->event_record(Stream::h2d, prefetched);
+  b->stream_wait(Stream::compute, prefetched);
+  b->launch(Stream::compute, kAddOne, inc);
+  b->event_record(Stream::compute, finished);
+  b->event_sync(finished);
+  EXPECT_TRUE(all_equal(host, n, 41));
+  EXPECT_TRUE(all_equal(c, n, 41));
+  EXPECT_TRUE(all_equal(d, n, 42));
+  b->sync_all();
+}
+
+TEST(CpuBackend, ReRecordedEventOrdersAgainstTheLatestRecord) {
+  auto b = backend_with_arena();
+  constexpr size_t n = 4096;
+  std::byte* x = b->arena_base();
+  std::byte* host = b->host_pool_base();
+  const EventId e = b->event_create();
+  const kern::KernelArgs first = one_output(x, n, 1);
+  const kern::KernelArgs second = one_output(x, n, 2);
+
+  b->launch(Stream::compute, kSlowFill, first);
+  b->event_record(Stream::compute, e);
+  b->event_sync(e);
+  EXPECT_TRUE(all_equal(x, n, 1));
+  b->launch(Stream::compute, kSlowFill, second);
+  b->event_record(Stream::compute, e);
+  b->stream_wait(Stream::h2d, e);
+  b->copy_async(Stream::h2d, host, x, n);
+  b->stream_sync(Stream::h2d);
+  EXPECT_TRUE(all_equal(host, n, 2));
+  b->sync_all();
+}
+
+TEST(CpuBackend, WaitingOnAnUnrecordedEventDoesNotBlock) {
+  auto b = backend_with_arena();
+  const EventId e = b->event_create();
+  b->event_sync(e);
+  b->stream_wait(Stream::d2h, e);
+  b->copy_async(Stream::d2h, b->host_pool_base(), b->arena_base(), 16);
+  b->sync_all();
+}
+
+TEST(CpuBackend, BudgetIsEnforced) {
+  CpuBackendParams p;
+  p.device_budget = kMiB;
+  auto b = make_cpu_backend(p);
+  EXPECT_EQ(b->memory_info().budget, kMiB);
+  try {
+    b->arena_reserve(3 * kMiB);
+    FAIL() << "an arena over the budget was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(std::to_string(3 * kMiB)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(kMiB)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--device-memory"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(b->arena_base(), nullptr);
+  // The refusal took nothing, so an arena within the budget still fits.
+  b->arena_reserve(kMiB);
+  EXPECT_NE(b->arena_base(), nullptr);
+  EXPECT_EQ(b->memory_info().arena_bytes, kMiB);
+}
+
+TEST(CpuBackend, ArenaAndPoolAreTakenOnce) {
+  auto b = backend_with_arena(4096, 4096);
+  try {
+    b->arena_reserve(4096);
+    FAIL() << "a second arena_reserve succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(e.what()).find("already"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(b->host_pool_reserve(4096), Error);
+  EXPECT_EQ(b->memory_info().arena_bytes, 4096u);
+}
+
+TEST(CpuBackend, ArenaIsAlignedAndUsable) {
+  auto b = backend_with_arena(3 * kMiB + 5, 100);
+  const size_t align = b->caps().alignment;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->arena_base()) % align, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->host_pool_base()) % align, 0u);
+  std::memset(b->arena_base(), 0x5A, 3 * kMiB + 5);
+  std::memset(b->host_pool_base(), 0x5A, 100);
+
+  CpuBackendParams p;
+  auto empty = make_cpu_backend(p);
+  empty->arena_reserve(0);
+  EXPECT_NE(empty->arena_base(), nullptr);
+}
+
+TEST(CpuBackend, KernelErrorSurfacesFromStreamSync) {
+  auto b = backend_with_arena();
+  constexpr size_t n = 1024;
+  std::byte* x = b->arena_base();
+  std::memset(x, 0, n);
+  const EventId after = b->event_create();
+  const kern::KernelArgs none{};
+  const kern::KernelArgs fill = one_output(x, n, 7);
+
+  b->launch(Stream::compute, kThrows, none);
+  b->launch(Stream::compute, kThrowsOther, none);  // a second error does not replace the first
+  b->event_record(Stream::compute, after);
+  // Events behind the failure still complete, so nobody waits forever.
+  b->event_sync(after);
+  try {
+    b->stream_sync(Stream::compute);
+    FAIL() << "the kernel's error was lost";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test_throws"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("refuses its inputs"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("compute"), std::string::npos) << msg;
+  }
+  // The error is reported once; the stream then runs new work normally.
+  EXPECT_NO_THROW(b->stream_sync(Stream::compute));
+  b->launch(Stream::compute, kSlowFill, fill);
+  b->stream_sync(Stream::compute);
+  EXPECT_TRUE(all_equal(x, n, 7));
+
+  b->launch(Stream::h2d, kThrowsOther, none);
+  try {
+    b->stream_sync(Stream::h2d);
+    FAIL() << "the kernel's error was lost";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INTERNAL);
+    EXPECT_NE(std::string(e.what()).find("plain runtime_error"), std::string::npos) << e.what();
+  }
+  b->sync_all();
+}
+
+TEST(CpuBackend, ThousandsOfTasksRunInOrderWithoutAllocating) {
+  auto b = backend_with_arena();
+  constexpr int kTasks = static_cast<int>(cpu::kStreamQueueCapacity) * 8;
+  auto* counters = reinterpret_cast<int64_t*>(b->arena_base());
+  counters[0] = 0;  // next expected index
+  counters[1] = 0;  // out-of-order calls
+  std::vector<kern::KernelArgs> args(static_cast<size_t>(kTasks));
+  for (int i = 0; i < kTasks; ++i) {
+    kern::KernelArgs& a = args[static_cast<size_t>(i)];
+    a.n_out = 2;
+    a.out[0].data = &counters[0];
+    a.out[1].data = &counters[1];
+    a.attrs.set("i", i);
+  }
+  // Copies on the d2h stream run alongside and move a growing byte pattern.
+  std::byte* host = b->host_pool_base();
+  std::byte* src = b->arena_base() + 4096;
+  for (int i = 0; i < 256; ++i) src[i] = static_cast<std::byte>(i);
+  const EventId e = b->event_create();
+
+  g_allocations = 0;
+  g_counting = true;
+  for (int i = 0; i < kTasks; ++i) {
+    b->launch(Stream::compute, kCheckOrder, args[static_cast<size_t>(i)]);
+    if (i % 4 == 0) b->copy_async(Stream::d2h, host + (i / 4) % 256, src + (i / 4) % 256, 1);
+    if (i % 1000 == 999) {
+      b->event_record(Stream::compute, e);
+      b->stream_wait(Stream::h2d, e);
+    }
+  }
+  g_counting = false;
+  EXPECT_EQ(g_allocations.load(), 0) << "queueing work allocated";
+
+  b->sync_all();
+  EXPECT_EQ(counters[0], kTasks);
+  EXPECT_EQ(counters[1], 0);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(host[i], static_cast<std::byte>(i));
+}
+
+TEST(CpuBackend, DestructionDrainsQueuedWork) {
+  std::vector<uint8_t> out(256, 0);
+  const kern::KernelArgs fill = one_output(out.data(), 256, 9);
+  {
+    auto b = backend_with_arena();
+    b->launch(Stream::compute, kSlowFill, fill);
+    b->copy_async(Stream::h2d, b->arena_base(), b->host_pool_base(), 1024);
+  }
+  for (uint8_t v : out) EXPECT_EQ(v, 9);
+}
+
+TEST(CpuBackend, BadCallsAreInvalidArguments) {
+  auto b = backend_with_arena();
+  const auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return POOCH_OK;
+  };
+  EXPECT_EQ(code_of([&] { b->event_record(Stream::compute, 5); }), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(code_of([&] { b->event_sync(-1); }), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(code_of([&] { b->copy_async(Stream::d2h, nullptr, b->arena_base(), 8); }),
+            POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(code_of([&] { b->copy_async(Stream::d2h, b->arena_base() + 4, b->arena_base(), 8); }),
+            POOCH_ERR_INVALID_ARG);
+  const kern::KernelVariant no_fn{"x", "y", nullptr, nullptr, true};
+  const kern::KernelArgs none{};
+  EXPECT_EQ(code_of([&] { b->launch(Stream::compute, no_fn, none); }), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(code_of([&] { b->stream_sync(static_cast<Stream>(7)); }), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(code_of([] {
+              CpuBackendParams p;
+              p.threads = -2;
+              make_cpu_backend(p);
+            }),
+            POOCH_ERR_INVALID_ARG);
+  b->sync_all();
+}
+
+TEST(CpuBackend, MemoryInfoAndCapsAreSane) {
+  CpuBackendParams p;
+  p.device_budget = 8 * kMiB;
+  auto b = make_cpu_backend(p);
+  b->arena_reserve(2 * kMiB);
+  b->host_pool_reserve(3 * kMiB);
+  const MemoryInfo m = b->memory_info();
+  EXPECT_GT(m.total, 64 * kMiB);
+  EXPECT_GT(m.free, 0u);
+  EXPECT_LE(m.free, m.total);
+  EXPECT_EQ(m.budget, 8 * kMiB);
+  EXPECT_EQ(m.arena_bytes, 2 * kMiB);
+  EXPECT_EQ(m.host_pool_bytes, 3 * kMiB);
+  EXPECT_FALSE(m.host_pool_pinned);
+
+  const BackendCaps c = b->caps();
+  EXPECT_TRUE(c.async_copies);
+  EXPECT_TRUE(c.host_is_device);
+  EXPECT_EQ(c.alignment, 256u);
+  EXPECT_STREQ(b->name(), "cpu");
+
+  auto unlimited = make_cpu_backend(CpuBackendParams{});
+  EXPECT_EQ(unlimited->memory_info().budget, unlimited->memory_info().total);
+  EXPECT_GE(static_cast<cpu::CpuBackend*>(unlimited.get())->threads(), 1);
+}
+
+TEST(CpuBackend, FindKernelFollowsTheTableOrder) {
+  auto b = make_cpu_backend(CpuBackendParams{});
+  EXPECT_EQ(b->find_kernel("no_such_op"), nullptr);
+  for (const kern::KernelVariant& k : b->kernels()) {
+    const kern::KernelVariant* found = b->find_kernel(k.op);
+    ASSERT_NE(found, nullptr) << k.op;
+    EXPECT_STREQ(found->op, k.op);
+    const kern::KernelVariant* exact = b->find_kernel(k.op, k.variant);
+    ASSERT_NE(exact, nullptr);
+    EXPECT_STREQ(exact->variant, k.variant);
+    const kern::KernelVariant* det = b->find_kernel(k.op, {}, true);
+    if (det != nullptr) {
+      EXPECT_TRUE(det->deterministic);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pooch

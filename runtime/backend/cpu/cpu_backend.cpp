@@ -1,0 +1,246 @@
+#include "cpu_backend.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <mimalloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "../../../kernels/cpu/cpu_kernels.h"
+#include "../../core/error.h"
+
+namespace pooch {
+
+namespace cpu {
+
+namespace {
+
+constexpr size_t kAlignment = 256;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+size_t mib_ceil(size_t bytes) {
+  return bytes / (1u << 20) + (bytes % (1u << 20) != 0 ? 1 : 0);
+}
+
+size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+// MemAvailable counts reclaimable page cache, which _SC_AVPHYS_PAGES misses;
+// the latter is only the fallback where /proc is not mounted.
+size_t available_memory() {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f))
+      found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    std::fclose(f);
+    if (found) return static_cast<size_t>(kib) * 1024;
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+const char* stream_name(int i) {
+  static const char* const names[kNumStreams] = {"compute", "d2h", "h2d"};
+  return names[i];
+}
+
+std::byte* take_host_memory(size_t bytes, const char* what, const char* fix) {
+  // At least one byte, so that even an empty plan gets a base that is not null.
+  void* p = mi_malloc_aligned(std::max<size_t>(bytes, 1), kAlignment);
+  if (p == nullptr)
+    throw Error(POOCH_ERR_OUT_OF_MEMORY,
+                fmt::format("the cpu backend could not take {} bytes ({:.2f} MiB) of host memory "
+                            "for its {}; {:.2f} MiB are available. Free host memory, or {}",
+                            bytes, static_cast<double>(bytes) / kMiB, what,
+                            static_cast<double>(available_memory()) / kMiB, fix));
+  return static_cast<std::byte*>(p);
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const CpuBackendParams& p) : budget_(p.device_budget) {
+  if (p.threads < 0)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cpu backend: threads is {}; pass a positive count, or 0 for all cores",
+                            p.threads));
+  threads_ = p.threads > 0 ? p.threads
+                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  openblas_set_num_threads(threads_);
+  for (int i = 0; i < kNumStreams; ++i)
+    streams_[i] = std::make_unique<StreamWorker>(stream_name(i), kStreamQueueCapacity);
+}
+
+CpuBackend::~CpuBackend() {
+  // Queued work may still touch the arena and the pool: the workers finish
+  // and join before the memory goes back.
+  for (auto& s : streams_) s.reset();
+  mi_free(arena_);
+  mi_free(pool_);
+}
+
+BackendCaps CpuBackend::caps() const {
+  BackendCaps c;
+  c.async_copies = true;
+  c.host_is_device = true;
+  c.alignment = kAlignment;
+  return c;
+}
+
+MemoryInfo CpuBackend::memory_info() const {
+  MemoryInfo m;
+  m.total = physical_memory();
+  m.free = available_memory();
+  m.budget = budget_ != 0 ? budget_ : m.total;
+  m.arena_bytes = arena_bytes_;
+  m.host_pool_bytes = pool_bytes_;
+  m.host_pool_pinned = false;
+  return m;
+}
+
+void CpuBackend::arena_reserve(size_t bytes) {
+  if (arena_reserved_)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cpu backend: the arena is already reserved ({} bytes) and a backend "
+                            "takes it once; reserve the plan's peak a single time, or create a "
+                            "new backend for a different size",
+                            arena_bytes_));
+  if (budget_ != 0 && bytes > budget_)
+    throw Error(POOCH_ERR_OUT_OF_BUDGET,
+                fmt::format("the arena needs {} bytes ({} MiB) of device memory but the cpu "
+                            "device budget is {} bytes ({:.2f} MiB); raise --device-memory to at "
+                            "least {} MiB",
+                            bytes, mib_ceil(bytes), budget_, static_cast<double>(budget_) / kMiB,
+                            mib_ceil(bytes)));
+  arena_ = take_host_memory(bytes, "device arena",
+                            "lower --device-memory so the planner swaps more to the host pool");
+  arena_bytes_ = bytes;
+  arena_reserved_ = true;
+}
+
+void CpuBackend::host_pool_reserve(size_t bytes) {
+  if (pool_reserved_)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cpu backend: the host pool is already reserved ({} bytes) and a "
+                            "backend takes it once; reserve the planned size a single time",
+                            pool_bytes_));
+  pool_ = take_host_memory(bytes, "host pool",
+                           "use a smaller batch size so fewer activations are swapped");
+  pool_bytes_ = bytes;
+  pool_reserved_ = true;
+}
+
+StreamWorker& CpuBackend::worker(Stream s, const char* call) {
+  const int i = static_cast<int>(s);
+  if (i < 0 || i >= kNumStreams)
+    throw Error(
+        POOCH_ERR_INVALID_ARG,
+        fmt::format("cpu backend {}: stream {} does not exist (compute=0, d2h=1, h2d=2)", call, i));
+  return *streams_[i];
+}
+
+EventState& CpuBackend::event(EventId e, const char* call) {
+  if (e < 0 || static_cast<size_t>(e) >= events_.size())
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cpu backend {}: event {} was never created ({} exist); create "
+                            "events with event_create while planning",
+                            call, e, events_.size()));
+  return *events_[static_cast<size_t>(e)];
+}
+
+EventId CpuBackend::event_create() {
+  events_.push_back(std::make_unique<EventState>());
+  return static_cast<EventId>(events_.size() - 1);
+}
+
+void CpuBackend::event_record(Stream s, EventId e) {
+  StreamWorker& w = worker(s, "event_record");
+  EventState& ev = event(e, "event_record");
+  Task t;
+  t.kind = Task::Kind::record;
+  t.event = &ev;
+  t.count = ev.next_record();
+  w.push(t);
+}
+
+void CpuBackend::stream_wait(Stream s, EventId e) {
+  StreamWorker& w = worker(s, "stream_wait");
+  EventState& ev = event(e, "stream_wait");
+  // As with CUDA, waiting on an event nobody recorded yet waits for nothing.
+  if (ev.recorded() == 0) return;
+  Task t;
+  t.kind = Task::Kind::wait;
+  t.event = &ev;
+  t.count = ev.recorded();
+  w.push(t);
+}
+
+void CpuBackend::event_sync(EventId e) {
+  EventState& ev = event(e, "event_sync");
+  ev.wait(ev.recorded());
+}
+
+void CpuBackend::copy_async(Stream s, void* dst, const void* src, size_t n) {
+  StreamWorker& w = worker(s, "copy_async");
+  if (n != 0) {
+    if (dst == nullptr || src == nullptr)
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("cpu backend copy_async: a copy of {} bytes on the {} stream has a "
+                              "null {} pointer",
+                              n, w.name(), dst == nullptr ? "destination" : "source"));
+    const auto d = reinterpret_cast<uintptr_t>(dst);
+    const auto r = reinterpret_cast<uintptr_t>(src);
+    if (d < r + n && r < d + n)
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("cpu backend copy_async: a copy of {} bytes on the {} stream has "
+                              "overlapping source and destination",
+                              n, w.name()));
+  }
+  Task t;
+  t.kind = Task::Kind::copy;
+  t.dst = dst;
+  t.src = src;
+  t.n = n;
+  w.push(t);
+}
+
+void CpuBackend::launch(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args) {
+  StreamWorker& w = worker(s, "launch");
+  if (k.fn == nullptr)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cpu backend launch: kernel '{}' (variant '{}') has no function",
+                            k.op ? k.op : "?", k.variant ? k.variant : "?"));
+  Task t;
+  t.kind = Task::Kind::kernel;
+  t.fn = k.fn;
+  t.args = &args;
+  t.op = k.op;
+  t.variant = k.variant;
+  w.push(t);
+}
+
+void CpuBackend::stream_sync(Stream s) {
+  worker(s, "stream_sync").sync();
+}
+
+std::span<const kern::KernelVariant> CpuBackend::kernels() const {
+  return kern::cpu_kernels();
+}
+
+}  // namespace cpu
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendParams& p) {
+  return std::make_unique<cpu::CpuBackend>(p);
+}
+
+}  // namespace pooch

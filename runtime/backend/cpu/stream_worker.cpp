@@ -1,0 +1,129 @@
+#include "stream_worker.h"
+
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "../../core/error.h"
+
+namespace pooch::cpu {
+
+void EventState::complete(uint64_t n) {
+  {
+    std::lock_guard lock(mu_);
+    if (n > completed_) completed_ = n;
+  }
+  cv_.notify_all();
+}
+
+void EventState::wait(uint64_t n) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return completed_ >= n; });
+}
+
+StreamWorker::StreamWorker(const char* name, size_t capacity)
+    : name_(name), ring_(capacity == 0 ? 1 : capacity) {
+  thread_ = std::thread([this] { run(); });
+}
+
+StreamWorker::~StreamWorker() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  not_empty_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StreamWorker::push(const Task& t) {
+  {
+    std::unique_lock lock(mu_);
+    not_full_.wait(lock, [&] { return count_ < ring_.size(); });
+    ring_[(head_ + count_) % ring_.size()] = t;
+    ++count_;
+    ++pushed_;
+  }
+  not_empty_.notify_one();
+}
+
+void StreamWorker::sync() {
+  std::unique_lock lock(mu_);
+  const uint64_t target = pushed_;
+  progressed_.wait(lock, [&] { return finished_ >= target; });
+  if (!failed_) return;
+  failed_ = false;
+  const pooch_status code = error_code_;
+  std::string message = std::move(error_message_);
+  error_message_.clear();
+  throw Error(code, std::move(message));
+}
+
+void StreamWorker::run() {
+  for (;;) {
+    Task t;
+    bool skip = false;
+    {
+      std::unique_lock lock(mu_);
+      not_empty_.wait(lock, [&] { return count_ > 0 || stopping_; });
+      if (count_ == 0) return;  // stopping and drained
+      t = ring_[head_];
+      head_ = (head_ + 1) % ring_.size();
+      --count_;
+      skip = failed_ && (t.kind == Task::Kind::kernel || t.kind == Task::Kind::copy);
+    }
+    not_full_.notify_one();
+    if (!skip) execute(t);
+    {
+      std::lock_guard lock(mu_);
+      ++finished_;
+    }
+    progressed_.notify_all();
+  }
+}
+
+void StreamWorker::execute(const Task& t) {
+  try {
+    switch (t.kind) {
+      case Task::Kind::kernel:
+        t.fn(*t.args);
+        break;
+      case Task::Kind::copy:
+        if (t.n != 0) std::memcpy(t.dst, t.src, t.n);
+        break;
+      case Task::Kind::record:
+        t.event->complete(t.count);
+        break;
+      case Task::Kind::wait:
+        t.event->wait(t.count);
+        break;
+    }
+  } catch (const Error& e) {
+    fail(t, e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    fail(t, POOCH_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception& e) {
+    fail(t, POOCH_ERR_INTERNAL, e.what());
+  } catch (...) {
+    fail(t, POOCH_ERR_INTERNAL, "an exception that is not a std::exception");
+  }
+}
+
+void StreamWorker::fail(const Task& t, pooch_status code, const char* what) {
+  std::lock_guard lock(mu_);
+  if (failed_) return;
+  failed_ = true;
+  error_code_ = code;
+  try {
+    if (t.kind == Task::Kind::kernel)
+      error_message_ = std::string("kernel '") + (t.op ? t.op : "?") + "' (variant '" +
+                       (t.variant ? t.variant : "?") + "') on the " + name_ +
+                       " stream failed: " + what;
+    else
+      error_message_ = std::string("a task on the ") + name_ + " stream failed: " + what;
+  } catch (...) {
+    // Building the message itself ran out of memory; the code still tells.
+    error_code_ = POOCH_ERR_OUT_OF_MEMORY;
+  }
+}
+
+}  // namespace pooch::cpu

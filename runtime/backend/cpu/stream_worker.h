@@ -1,0 +1,98 @@
+// One CPU "stream": a worker thread draining a fixed-capacity ring of plain
+// task records. The executor promises no allocation during a step, so
+// queueing work only copies a record into the ring (blocking while it is
+// full) and events are counters under a mutex.
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../../kernels/common/kernel_abi.h"
+#include "pooch/pooch.h"
+
+namespace pooch::cpu {
+
+// An event counts how often the host recorded it and how many of those
+// records a stream has reached. Waiting for record k means waiting until
+// `completed` reaches k, so a later record never satisfies an earlier wait
+// too early and re-recording needs no reset.
+class EventState {
+ public:
+  // Host side: the number a wait for the record just queued must reach.
+  uint64_t next_record() { return ++recorded_; }
+  uint64_t recorded() const { return recorded_; }
+
+  void complete(uint64_t n);
+  void wait(uint64_t n);
+
+ private:
+  uint64_t recorded_ = 0;  // touched by the host thread only
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t completed_ = 0;
+};
+
+struct Task {
+  enum class Kind : uint8_t { kernel, copy, record, wait };
+  Kind kind = Kind::copy;
+  // kernel
+  kern::KernelFn fn = nullptr;
+  const kern::KernelArgs* args = nullptr;
+  const char* op = nullptr;
+  const char* variant = nullptr;
+  // copy
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t n = 0;
+  // record / wait
+  EventState* event = nullptr;
+  uint64_t count = 0;
+};
+
+class StreamWorker {
+ public:
+  StreamWorker(const char* name, size_t capacity);
+  ~StreamWorker();  // runs what is queued, then joins the thread
+  StreamWorker(const StreamWorker&) = delete;
+  StreamWorker& operator=(const StreamWorker&) = delete;
+
+  // Blocks while the ring is full; never allocates.
+  void push(const Task& t);
+  // Blocks until everything pushed so far ran. Throws the first error a task
+  // raised since the last sync as pooch::Error, and clears it.
+  void sync();
+
+  const char* name() const { return name_; }
+  size_t capacity() const { return ring_.size(); }
+
+ private:
+  void run();
+  void execute(const Task& t);
+  void fail(const Task& t, pooch_status code, const char* what);
+
+  const char* name_;
+  std::vector<Task> ring_;
+  size_t head_ = 0;  // next task to run
+  size_t count_ = 0;
+  uint64_t pushed_ = 0;
+  uint64_t finished_ = 0;
+  bool stopping_ = false;
+  // The first failure since the last sync. While it is pending, kernels and
+  // copies are skipped (they would work on garbage) but event records and
+  // waits still run, so other streams and the host never hang on this one.
+  bool failed_ = false;
+  pooch_status error_code_ = POOCH_OK;
+  std::string error_message_;
+
+  std::mutex mu_;
+  std::condition_variable not_empty_;
+  std::condition_variable not_full_;
+  std::condition_variable progressed_;
+  std::thread thread_;
+};
+
+}  // namespace pooch::cpu
