@@ -1,5 +1,242 @@
-// Placeholder until the loss family lands: an empty table.
+// Fast f32 loss kernels (docs/OPS.md, "Losses").
+//
+// Speed: the loss and its gradient touch every logit of a label space that
+// may be hundreds of thousands wide, so the inner loops are written to
+// vectorise: exp and log1p are branch-free polynomials (libm's are scalar
+// calls that stop the vectoriser), edge cases are selects, not branches.
+//
+// Determinism: a loss is reduced in two fixed stages. Each row belongs to one
+// thread and is summed in double over kLanes interleaved partial sums that
+// are combined in a fixed tree; the row sums go to the workspace and are then
+// added in row order. Nothing depends on the thread count, so the result is
+// bitwise the same for any.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
 #include "cpu_kernels.h"
+
 namespace pooch::kern {
-std::vector<KernelVariant> cpu_loss_kernels() { return {}; }
+namespace {
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kGrain = 1 << 15;
+
+int threads_of(const KernelArgs& a) {
+  return a.ctx && a.ctx->threads > 1 ? a.ctx->threads : 1;
+}
+
+struct Dims {
+  int64_t b, l;
+};
+Dims dims_of(const TensorView& x) {
+  if (x.ndim != 2) return {0, 0};
+  return {x.shape[0], x.shape[1]};
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// c ? a : b without a branch. GCC (trapping math) will not make float
+// arithmetic that feeds only one arm of a ?: unconditional, so a plain ?:
+// leaves a branch that blocks vectorisation; masks on the bits become vector
+// and/or.
+inline float select_f(bool c, float a, float b) {
+  const uint32_t m = -static_cast<uint32_t>(c);
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
+}
+
+// max(v, 0) that keeps a NaN (as torch's clamp does), as a select.
+inline float max0(float v) {
+  return select_f(v < 0.0f, 0.0f, v);
+}
+
+// e^x to about 2 ulp (Cephes' expf polynomial, range-reduced by ln 2).
+// Below -87.3 the result would be subnormal and is flushed to 0; above 88 it
+// is +inf (exactly so only from 88.72, but the kernels below never pass a
+// finite argument above 0 unless the sum it feeds is already infinite). NaN
+// runs through the arithmetic and comes out NaN.
+inline float exp_f(float x) {
+  constexpr float kLo = -87.33654f, kHi = 88.0f;
+  // Clamped by masks too: with a ?: clamp GCC specialises the code below
+  // for the clamped constants, and the branches it creates block vectorising.
+  const float xc = select_f(x > kHi, kHi, select_f(x < kLo, kLo, x));
+  // Round x/ln2 to the nearest integer k with the 1.5*2^23 trick: the sum's
+  // low mantissa bits hold k, so no float-to-int conversion (undefined for
+  // NaN) is needed.
+  constexpr float kMagic = 12582912.0f;
+  const float shifted = xc * 1.44269504088896341f + kMagic;
+  const float k = shifted - kMagic;
+  const int32_t ki = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kMagic);
+  // r = x - k*ln2 in two parts, so r is exact enough for the polynomial.
+  float r = xc - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^k as bits (unsigned, so a NaN's garbage exponent wraps rather than
+  // overflows). Masks then make it 0 below the range, so p*2^k is 0, and
+  // +inf above it; a NaN x fails both tests, and NaN * 0 is NaN.
+  uint32_t bits = static_cast<uint32_t>(ki + 127) << 23;
+  bits &= -static_cast<uint32_t>(x >= kLo);
+  bits |= -static_cast<uint32_t>(x > kHi) & 0x7F800000u;
+  return p * std::bit_cast<float>(bits);
+}
+
+// log(1 + y) for y in [0, 1], the only range the kernels need (y = e^-|x|):
+// 2*atanh(s) with s = y/(2+y) <= 1/3, whose odd series in s converges fast;
+// unlike log(1 + y) it keeps full relative precision for tiny y.
+inline float log1p_unit(float y) {
+  const float s = y / (2.0f + y);
+  const float z = s * s;
+  float p = 1.0f / 13.0f;
+  p = p * z + 1.0f / 11.0f;
+  p = p * z + 1.0f / 9.0f;
+  p = p * z + 1.0f / 7.0f;
+  p = p * z + 1.0f / 5.0f;
+  p = p * z + 1.0f / 3.0f;
+  p = p * z + 1.0f;
+  return 2.0f * s * p;
+}
+
+// sigma(x) from e^-|x| <= 1, which cannot overflow; a select picks the side.
+inline float sigmoid_f(float x) {
+  const float e = exp_f(-std::fabs(x));
+  const float d = 1.0f / (1.0f + e);
+  return select_f(x >= 0.0f, d, e * d);
+}
+
+// Sum of term(j) over [0, l) in double. Interleaved lanes let the compiler
+// vectorise; the fixed combination order keeps the result reproducible.
+constexpr int kLanes = 8;
+template <class Term>
+double lane_sum(int64_t l, Term term) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= l; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += term(j + k);
+  for (int k = 0; j < l; ++j, ++k) acc[k] += term(j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// The reference's shift rule: by the row maximum when it is finite, else
+// none, so inf and NaN come out where the reference has them. A NaN is
+// skipped by the maximum but reaches the sum.
+inline float row_shift(const float* x, int64_t l) {
+  float mx[kLanes];
+  for (float& m : mx) m = -kInf;
+  int64_t j = 0;
+  for (; j + kLanes <= l; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) mx[k] = std::max(mx[k], x[j + k]);
+  for (int k = 0; j < l; ++j, ++k) mx[k] = std::max(mx[k], x[j]);
+  float m = mx[0];
+  for (int k = 1; k < kLanes; ++k) m = std::max(m, mx[k]);
+  return std::isfinite(m) ? m : 0.0f;
+}
+
+inline double row_lse(const float* x, int64_t l) {
+  const float shift = row_shift(x, l);
+  const double s = lane_sum(l, [&](int64_t j) { return static_cast<double>(exp_f(x[j] - shift)); });
+  return static_cast<double>(shift) + std::log(s);
+}
+
+// Only e^-|x| <= 1 is formed; max(x,0) - x*t, which grows with |x|, needs no
+// exponential.
+double bce_row(const float* x, const float* t, int64_t l) {
+  return lane_sum(l, [&](int64_t j) {
+    const float xj = x[j];
+    return static_cast<double>(max0(xj) - xj * t[j] + log1p_unit(exp_f(-std::fabs(xj))));
+  });
+}
+
+double hinge_row(const float* x, const float* t, int64_t l) {
+  return lane_sum(l, [&](int64_t j) {
+    const float m = max0(1.0f - (2.0f * t[j] - 1.0f) * x[j]);
+    return static_cast<double>(m * m);
+  });
+}
+
+// sum t*(lse - x): the differences are formed in double, where lse lives, so
+// no cancellation in float when both are large.
+double xent_row(const float* x, const float* t, int64_t l) {
+  if (l == 0) return 0;
+  const double lse = row_lse(x, l);
+  return lane_sum(l, [&](int64_t j) { return static_cast<double>(t[j]) * (lse - x[j]); });
+}
+
+size_t loss_workspace(const KernelArgs& a) {
+  return static_cast<size_t>(dims_of(a.in[0]).b) * sizeof(double);
+}
+
+template <double (*Row)(const float*, const float*, int64_t)>
+void loss_fwd(const KernelArgs& a) {
+  const auto [b, l] = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  if (b == 0) {
+    *out = 0.0f;  // the mean over no rows is defined as 0
+    return;
+  }
+  const float* x = a.in[0].as<const float>();
+  const float* t = a.in[1].as<const float>();
+  double* partial = static_cast<double*>(a.workspace);
+#pragma omp parallel for num_threads(threads_of(a)) if (b * l > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r) partial[r] = Row(x + r * l, t + r * l, l);
+  double total = 0;
+  for (int64_t r = 0; r < b; ++r) total += partial[r];
+  *out = static_cast<float>(total / static_cast<double>(b));
+}
+
+void bce_grad_row(const float* x, const float* t, float* dx, int64_t l, float k) {
+  for (int64_t j = 0; j < l; ++j) dx[j] = k * (sigmoid_f(x[j]) - t[j]);
+}
+
+void hinge_grad_row(const float* x, const float* t, float* dx, int64_t l, float k) {
+  const float k2 = -2.0f * k;
+  for (int64_t j = 0; j < l; ++j) {
+    const float s = 2.0f * t[j] - 1.0f;
+    dx[j] = k2 * s * max0(1.0f - s * x[j]);
+  }
+}
+
+void xent_grad_row(const float* x, const float* t, float* dx, int64_t l, float k) {
+  if (l == 0) return;
+  const double lse = row_lse(x, l);
+  const float ts = static_cast<float>(lane_sum(l, [&](int64_t j) { return double{t[j]}; }));
+  for (int64_t j = 0; j < l; ++j) {
+    // x - lse in double keeps p accurate when both are large.
+    const float p = exp_f(static_cast<float>(x[j] - lse));
+    dx[j] = k * (p * ts - t[j]);
+  }
+}
+
+template <void (*Row)(const float*, const float*, float*, int64_t, float)>
+void loss_grad(const KernelArgs& a) {
+  const auto [b, l] = dims_of(a.in[0]);
+  if (b == 0) return;
+  const float* x = a.in[0].as<const float>();
+  const float* t = a.in[1].as<const float>();
+  float* dx = a.out[0].as<float>();
+  const float k = static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(b));
+#pragma omp parallel for num_threads(threads_of(a)) if (b * l > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r) Row(x + r * l, t + r * l, dx + r * l, l, k);
+}
+
+}  // namespace
+
+std::vector<KernelVariant> cpu_loss_kernels() {
+  return {
+      {"bce_logits", "omp", loss_fwd<bce_row>, loss_workspace, true},
+      {"bce_logits_grad", "omp", loss_grad<bce_grad_row>, nullptr, true},
+      {"squared_hinge", "omp", loss_fwd<hinge_row>, loss_workspace, true},
+      {"squared_hinge_grad", "omp", loss_grad<hinge_grad_row>, nullptr, true},
+      {"softmax_xent", "omp", loss_fwd<xent_row>, loss_workspace, true},
+      {"softmax_xent_grad", "omp", loss_grad<xent_grad_row>, nullptr, true},
+  };
+}
+
 }  // namespace pooch::kern

@@ -1,5 +1,191 @@
-// Placeholder until the optim family lands: an empty table.
+// Fast f32 optimizer updates (docs/OPS.md, "Optimizer updates"). Each element
+// is independent, so the loops are split across threads and vectorised; the
+// float arithmetic follows torch.optim's sequence of tensor ops (each rounded
+// to float) so results track PyTorch's float32 run closely.
+#include <algorithm>
+#include <cmath>
+
 #include "cpu_kernels.h"
+
 namespace pooch::kern {
-std::vector<KernelVariant> cpu_optim_kernels() { return {}; }
+namespace {
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kGrain = 1 << 15;
+
+int threads_of(const KernelArgs& a) {
+  return a.ctx && a.ctx->threads > 1 ? a.ctx->threads : 1;
+}
+
+struct Sgd {
+  float lr, momentum, wd;
+};
+
+// The context's lr_scale is the learning-rate schedule: like a torch
+// scheduler rewriting group['lr'], it scales every use of lr.
+double scheduled_lr(const KernelAttrs& at, const KernelContext* ctx) {
+  return at.get("lr", 1e-3) * (ctx ? ctx->lr_scale : 1.0);
+}
+
+Sgd sgd_params(const KernelAttrs& at, const KernelContext* ctx) {
+  return {static_cast<float>(scheduled_lr(at, ctx)), static_cast<float>(at.get("momentum", 0.0)),
+          static_cast<float>(at.get("weight_decay", 0.0))};
+}
+
+struct Adam {
+  float beta1, one_m_beta1, beta2, one_m_beta2, eps;
+  float wd;
+  float decay;  // 1 - lr*wd, the decoupled (AdamW) shrink factor
+  bool decoupled;
+  float neg_step_size;  // -lr / (1 - beta1^t)
+  float bc2_sqrt;       // sqrt(1 - beta2^t)
+};
+
+// Scalars are formed in double and rounded once, as torch does with Python floats.
+Adam adam_params(const KernelAttrs& at, const KernelContext* ctx) {
+  const double lr = scheduled_lr(at, ctx), b1 = at.get("beta1", 0.9), b2 = at.get("beta2", 0.999);
+  const double wd = at.get("weight_decay", 0.0);
+  // Step 0 would divide by 1 - beta^0 = 0; a context that has not counted any
+  // step yet is making the first update (the reference does the same).
+  const double t = static_cast<double>(ctx && ctx->step > 0 ? ctx->step : 1);
+  Adam p;
+  p.beta1 = static_cast<float>(b1);
+  p.one_m_beta1 = static_cast<float>(1.0 - b1);
+  p.beta2 = static_cast<float>(b2);
+  p.one_m_beta2 = static_cast<float>(1.0 - b2);
+  p.eps = static_cast<float>(at.get("eps", 1e-8));
+  p.wd = static_cast<float>(wd);
+  p.decay = static_cast<float>(1.0 - lr * wd);
+  p.decoupled = at.get("decoupled", 0.0) != 0.0;
+  p.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, t))));
+  p.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, t)));
+  return p;
+}
+
+// With and without momentum are separate loops, so neither has a branch inside.
+void sgd_span(const Sgd& p, float* __restrict w, const float* __restrict g, float* __restrict mom,
+              int64_t n) {
+  if (p.momentum == 0.0f) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) w[i] = w[i] - p.lr * (g[i] + p.wd * w[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float m = p.momentum * mom[i] + (g[i] + p.wd * w[i]);
+      mom[i] = m;
+      w[i] = w[i] - p.lr * m;
+    }
+  }
+}
+
+// std::sqrt may set errno, so GCC keeps this loop scalar unless the build
+// passes -fno-math-errno; it is memory-bound either way (7 float streams).
+void adam_span(const Adam& p, float* __restrict w, const float* __restrict g, float* __restrict m,
+               float* __restrict v, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float wi = w[i];
+    float gi = g[i];
+    if (p.decoupled)
+      wi = wi * p.decay;
+    else
+      gi = gi + p.wd * wi;
+    const float mi = m[i] * p.beta1 + p.one_m_beta1 * gi;
+    const float vi = v[i] * p.beta2 + p.one_m_beta2 * gi * gi;
+    const float denom = std::sqrt(vi) / p.bc2_sqrt + p.eps;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi + p.neg_step_size * mi / denom;
+  }
+}
+
+// Threads take the tensor in chunks of this many elements, each a long
+// contiguous run for the vectorised loops above.
+constexpr int64_t kChunk = 1 << 14;
+
+void sgd_dense(const KernelArgs& a) {
+  const Sgd p = sgd_params(a.attrs, a.ctx);
+  float* w = a.in[0].as<float>();
+  const float* g = a.in[1].as<const float>();
+  float* mom = a.in[2].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads_of(a)) if (n > kGrain) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
+    sgd_span(p, w + lo, g + lo, mom + lo, len);
+  }
+}
+
+void adam_dense(const KernelArgs& a) {
+  const Adam p = adam_params(a.attrs, a.ctx);
+  float* w = a.in[0].as<float>();
+  const float* g = a.in[1].as<const float>();
+  float* m = a.in[2].as<float>();
+  float* v = a.in[3].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads_of(a)) if (n > kGrain) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
+    adam_span(p, w + lo, g + lo, m + lo, v + lo, len);
+  }
+}
+
+// rows[0] = n, rows[1..n] the ids. The producer guarantees 0 <= n <= R and ids
+// in [0, F), distinct; a kernel cannot report an error, so anything outside
+// those bounds is skipped rather than written out of bounds (as the reference).
+int64_t listed_rows(const TensorView& rows) {
+  const int64_t cap = rows.numel() - 1;
+  if (cap < 0) return 0;
+  const int64_t n = rows.as<const int32_t>()[0];
+  return n < 0 ? 0 : (n > cap ? cap : n);
+}
+
+void sgd_rows(const KernelArgs& a) {
+  const Sgd p = sgd_params(a.attrs, a.ctx);
+  const int64_t f = a.in[0].ndim == 2 ? a.in[0].shape[0] : 0;
+  const int64_t o = a.in[0].ndim == 2 ? a.in[0].shape[1] : 0;
+  const int64_t n = listed_rows(a.in[1]);
+  const int32_t* ids = a.in[1].as<const int32_t>() + 1;
+  float* w = a.in[0].as<float>();
+  const float* g = a.in[2].as<const float>();
+  float* mom = a.in[3].as<float>();
+#pragma omp parallel for num_threads(threads_of(a)) if (n * o > kGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = ids[i];
+    if (r < 0 || r >= f) continue;
+    sgd_span(p, w + r * o, g + i * o, mom + r * o, o);
+  }
+}
+
+void adam_rows(const KernelArgs& a) {
+  const Adam p = adam_params(a.attrs, a.ctx);
+  const int64_t f = a.in[0].ndim == 2 ? a.in[0].shape[0] : 0;
+  const int64_t o = a.in[0].ndim == 2 ? a.in[0].shape[1] : 0;
+  const int64_t n = listed_rows(a.in[1]);
+  const int32_t* ids = a.in[1].as<const int32_t>() + 1;
+  float* w = a.in[0].as<float>();
+  const float* g = a.in[2].as<const float>();
+  float* m = a.in[3].as<float>();
+  float* v = a.in[4].as<float>();
+#pragma omp parallel for num_threads(threads_of(a)) if (n * o > kGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = ids[i];
+    if (r < 0 || r >= f) continue;
+    adam_span(p, w + r * o, g + i * o, m + r * o, v + r * o, o);
+  }
+}
+
+}  // namespace
+
+std::vector<KernelVariant> cpu_optim_kernels() {
+  return {
+      {"sgd_update", "omp", sgd_dense, nullptr, true},
+      {"adam_update", "omp", adam_dense, nullptr, true},
+      {"sgd_update_rows", "omp", sgd_rows, nullptr, true},
+      {"adam_update_rows", "omp", adam_rows, nullptr, true},
+  };
+}
+
 }  // namespace pooch::kern

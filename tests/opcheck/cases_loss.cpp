@@ -1,5 +1,116 @@
-// Placeholder until the loss family lands.
+// Kernel checker cases for the losses (docs/OPS.md, "Losses"). Logits mix
+// ordinary values with |x| = 30 and 100, where a naive exp or log overflows in
+// f32, so an unstable formula fails here rather than in training.
+#include <cmath>
+#include <string>
+
 #include "opcheck.h"
+
 namespace pooch::opcheck {
-std::vector<OpCase> loss_cases(Rng&) { return {}; }
+namespace {
+
+enum class Targets { binary, weights };
+
+// x[B,L] from N(0, 2²) with every 7th element pushed to +-30 and, when `huge`,
+// every 11th to +-100 (before rounding to f32, as the kernels see them).
+HostTensor logits(Rng& rng, int64_t b, int64_t l, bool huge) {
+  HostTensor x = randn(rng, {b, l}, "x", 2.0);
+  for (size_t i = 0; i < x.values.size(); ++i) {
+    const double sign = (i / 7) % 2 ? -1.0 : 1.0;
+    if (i % 7 == 3) x.values[i] = 30.0 * sign;
+    if (huge && i % 11 == 5) x.values[i] = 100.0 * sign;
+  }
+  return x;
+}
+
+// Binary 0/1 targets, or non-negative softmax weights with every third row
+// all zero (such a row contributes nothing to the loss or the gradient).
+HostTensor targets(Rng& rng, int64_t b, int64_t l, Targets kind) {
+  HostTensor t{DType::f32, {b, l}, {}, "t"};
+  t.values.resize(static_cast<size_t>(b * l));
+  std::bernoulli_distribution on(0.3);
+  std::uniform_real_distribution<double> weight(0.0, 2.0);
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t j = 0; j < l; ++j) {
+      double v = on(rng) ? 1.0 : 0.0;
+      if (kind == Targets::weights)
+        v = (r % 3 == 1 || v == 0.0) ? 0.0 : static_cast<float>(weight(rng));
+      t.values[static_cast<size_t>(r * l + j)] = v;
+    }
+  return t;
+}
+
+// The squared hinge has a second-derivative jump where 1 - s*x = 0; a
+// central difference straddling it is off by O(h), so logits keep clear.
+void clear_hinge_kink(HostTensor& x, const HostTensor& t) {
+  for (size_t i = 0; i < x.values.size(); ++i) {
+    const double s = 2.0 * t.values[i] - 1.0;
+    if (std::fabs(1.0 - s * x.values[i]) < 1e-3)
+      x.values[i] = static_cast<float>(x.values[i] - s * 0.01);
+  }
+}
+
+struct Shape2 {
+  int64_t b, l;
+  bool huge;
+};
+
+}  // namespace
+
+std::vector<OpCase> loss_cases(Rng& rng) {
+  // B = 0 (the mean over no rows is 0), a single element, one row, a batch
+  // with zero-width rows, odd sizes, and a realistic batch over many labels.
+  const Shape2 shapes[] = {{0, 5, false}, {1, 1, false}, {1, 9, true},    {2, 0, false},
+                           {3, 7, false}, {5, 13, true}, {32, 1000, true}};
+  struct LossKind {
+    const char* op;
+    Targets targets;
+  };
+  const LossKind kinds[] = {{"bce_logits", Targets::binary},
+                            {"squared_hinge", Targets::binary},
+                            {"softmax_xent", Targets::weights}};
+
+  std::vector<OpCase> cases;
+  for (const LossKind& k : kinds)
+    for (const Shape2& s : shapes) {
+      const bool hinge = std::string(k.op) == "squared_hinge";
+      // The hinge has no exponential to overflow, and at |x| = 100 its terms
+      // reach 1e4 each: the loss would then be so large that the rounding
+      // noise of a finite difference (~1e-16 * loss / h) swamps the gradient.
+      const bool huge = s.huge && !hinge;
+      HostTensor x = logits(rng, s.b, s.l, huge);
+      HostTensor t = targets(rng, s.b, s.l, k.targets);
+      if (hinge) clear_hinge_kink(x, t);
+      const std::string label = "B=" + std::to_string(s.b) + " L=" + std::to_string(s.l) +
+                                (huge ? " |x| to 100" : " |x| to 30");
+      const bool empty = s.b * s.l == 0;
+
+      OpCase c;
+      c.op = k.op;
+      c.inputs = {x, t};
+      // An empty batch has no element to differentiate; its gradient op is
+      // checked directly below instead.
+      if (!empty) c.grad_inputs = {0};
+      // A central difference in double carries rounding noise of about
+      // 1e-16 * |loss| / h with h = 1e-6. Over 1000 labels with |x| to 30 or
+      // 100 the loss reaches 1e4 to 1e5, so the noise is ~1e-5 of the
+      // gradient there; the small cases keep the default 1e-6.
+      if (s.l >= 1000) c.fd_tol = 1e-5;
+      c.label = label;
+      cases.push_back(std::move(c));
+
+      // The gradient op on its own, with a scale other than the 1 that the
+      // backward builder passes, and at the empty shapes.
+      if (empty || s.b == 3) {
+        OpCase g;
+        g.op = std::string(k.op) + "_grad";
+        g.attrs = Attrs{{"scale", empty ? 1.0 : 0.37}};
+        g.inputs = {std::move(x), std::move(t)};
+        g.label = label + (empty ? "" : " scale=0.37");
+        cases.push_back(std::move(g));
+      }
+    }
+  return cases;
+}
+
 }  // namespace pooch::opcheck
