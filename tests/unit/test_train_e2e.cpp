@@ -11,12 +11,12 @@ using namespace pooch;
 
 namespace {
 
-struct Run {
+struct TrainResult {
   std::vector<float> losses;
   std::vector<std::vector<std::byte>> weights;
 };
 
-Run train(int threads, int epochs = 4) {
+TrainResult train(int threads, int epochs = 4) {
   PlantedParams pp;
   pp.rows = 1024;
   pp.features = 500;
@@ -35,7 +35,7 @@ Run train(int threads, int epochs = 4) {
   cfg.threads = threads;
   cfg.optimizer = opt;
   XmcSession s(build_xmc_model(spec, opt), cfg);
-  Run r;
+  TrainResult r;
   for (int e = 0; e < epochs; ++e)
     for (int64_t first = 0; first < d.rows(); first += spec.batch) {
       BatchView b;
@@ -61,14 +61,14 @@ double mean(const std::vector<float>& v, size_t from, size_t n) {
 }  // namespace
 
 TEST(TrainEndToEnd, LossFallsByAtLeastHalf) {
-  const Run r = train(2);
+  const TrainResult r = train(2);
   ASSERT_GE(r.losses.size(), 64u);
   const double first = mean(r.losses, 0, 8), last = mean(r.losses, r.losses.size() - 8, 8);
   EXPECT_LT(last, 0.5 * first) << "first steps " << first << ", last steps " << last;
 }
 
 TEST(TrainEndToEnd, SameSeedGivesBitwiseIdenticalWeights) {
-  const Run a = train(2, 2), b = train(2, 2);
+  const TrainResult a = train(2, 2), b = train(2, 2);
   ASSERT_EQ(a.weights.size(), b.weights.size());
   for (size_t i = 0; i < a.weights.size(); ++i)
     EXPECT_EQ(a.weights[i], b.weights[i]) << "weight " << i;
@@ -76,7 +76,7 @@ TEST(TrainEndToEnd, SameSeedGivesBitwiseIdenticalWeights) {
 }
 
 TEST(TrainEndToEnd, ThreadCountDoesNotChangeTheResult) {
-  const Run a = train(1, 1), b = train(2, 1);
+  const TrainResult a = train(1, 1), b = train(2, 1);
   for (size_t i = 0; i < a.weights.size(); ++i)
     EXPECT_EQ(a.weights[i], b.weights[i]) << "weight " << i;
 }
