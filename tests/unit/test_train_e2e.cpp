@@ -29,7 +29,7 @@ TrainResult train(int threads, int epochs = 4) {
   spec.fan_in = 16;
   spec.batch = 32;
   OptimizerConfig opt;
-  opt.lr = 3e-3;
+  opt.lr = 1e-2;
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = threads;
