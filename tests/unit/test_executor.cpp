@@ -78,7 +78,9 @@ TEST(Executor, ArenaReusesMemoryAndReportsRoles) {
   TensorId h = g.add_tensor({"x", DType::f32, {64, 256}, Role::input});
   size_t weights = 0;
   for (int i = 0; i < 12; ++i) {
-    const TensorId w = g.add_tensor({"w" + std::to_string(i), DType::f32, {256, 256}, Role::weight});
+    std::string name = "w";  // (not "w" + to_string: GCC 12 warns falsely on it)
+    name += std::to_string(i);
+    const TensorId w = g.add_tensor({name, DType::f32, {256, 256}, Role::weight});
     weights += g.tensor(w).bytes();
     h = g.add_op1("gelu", {g.add_op1("linear", {h, w})});
   }
