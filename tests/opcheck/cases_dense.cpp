@@ -127,6 +127,17 @@ void dropout_cases(Rng& rng, std::vector<OpCase>& out) {
   c.atol = 0;
   c.label = "NaN/Inf p=0.25";
   out.push_back(std::move(c));
+  // Inference: dropout passes its input through, whatever p.
+  OpCase inf;
+  inf.op = "dropout";
+  inf.attrs = Attrs{{"p", 0.5}, {"key", 5.0}};
+  inf.inputs = {randn(rng, {9, 33}, "x")};
+  inf.grad_inputs = {0};
+  inf.rtol = 0;
+  inf.atol = 0;
+  inf.training = false;
+  inf.label = "[9,33] p=0.5 inference";
+  out.push_back(std::move(inf));
 }
 
 void layernorm_cases(Rng& rng, std::vector<OpCase>& out) {

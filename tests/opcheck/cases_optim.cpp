@@ -20,7 +20,9 @@ HostTensor second_moment(Rng& rng, const HostTensor& m, std::string name) {
 }
 
 std::string shape_label(const Shape& s) {
-  return "w" + shape_str(s);
+  std::string label = "w";  // (appending: GCC 12 warns falsely on "w" + string)
+  label += shape_str(s);
+  return label;
 }
 
 // rows[0] = n, then n distinct ascending ids drawn from [0, f), then junk in

@@ -36,12 +36,14 @@ struct OpCase {
   // Finite-difference tolerance (double precision, relative to the largest gradient).
   double fd_tol = 1e-6;
   std::string label;  // shape summary for the report, e.g. "B=3 I=5 O=7"
+  bool training = true;  // the kernel context's training flag (false: inference)
 };
 
 using Rng = std::mt19937_64;
 
 // Random helpers for case files.
 HostTensor randn(Rng& rng, Shape shape, std::string name, double scale = 1.0);
+// Integers in the half-open range [lo, hi).
 HostTensor randint(Rng& rng, Shape shape, int64_t lo, int64_t hi, DType dt, std::string name);
 // A CSR batch over `features` columns: returns {ptr, idx, val}, with `cap`
 // entries reserved (cap >= nnz; the tail is filled with junk on purpose).

@@ -1100,6 +1100,7 @@ struct Checker {
   // --- one case ---
 
   void check_case(const OpCase& c, Rng& rng) {
+    ctx.training = c.training ? 1 : 0;
     const std::string subject = fmt::format("{} [{}]", c.op, c.label);
     set_current(subject);
     const OpDef* def = op_registry().find(c.op);
