@@ -1,5 +1,7 @@
 // An extreme multi-label data set in memory: features and labels per row,
-// both in CSR form.
+// both in CSR form. Features are either sparse (CSR row_ptr/col/val) or, for
+// data read from a NumPy .npy file, dense (`dense`, row-major rows x dense_dim;
+// row_ptr then holds rows + 1 zeros so that rows() still counts the points).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -14,8 +16,11 @@ struct XmcDataset {
   std::vector<float> val;
   std::vector<int64_t> label_ptr{0};  // rows + 1
   std::vector<int32_t> label;
+  std::vector<float> dense;  // rows * dense_dim when has_dense()
+  int64_t dense_dim = 0;     // == features when the features are dense
 
   int64_t rows() const { return static_cast<int64_t>(row_ptr.size()) - 1; }
+  bool has_dense() const { return dense_dim > 0; }
 };
 
 // A small problem whose labels are exactly predictable from the features:

@@ -15,7 +15,7 @@
 #include "pooch/pooch.h"
 
 struct pooch_model {
-  pooch::XmcModelSpec spec;
+  pooch::ModelSpec spec;
 };
 
 struct pooch_session {
@@ -158,17 +158,13 @@ pooch_status pooch_model_create_xmc(const pooch_xmc_params* p, pooch_model** out
       p->loss >= POOCH_LOSS_BCE && p->loss <= POOCH_LOSS_SOFTMAX,
       fmt::format("pooch_model_create_xmc: unknown loss {}", static_cast<int>(p->loss)));
   return guarded([&] {
-    pooch::XmcModelSpec s;
-    s.features = p->features;
-    s.labels = p->labels;
-    s.hidden = p->hidden;
-    s.fan_in = p->fan_in;
+    const pooch::LossKind loss = p->loss == POOCH_LOSS_BCE             ? pooch::LossKind::bce
+                                 : p->loss == POOCH_LOSS_SQUARED_HINGE ? pooch::LossKind::squared_hinge
+                                                                       : pooch::LossKind::softmax;
+    pooch::ModelSpec s = pooch::spec_from_flags(pooch::InputKind::sparse, p->features, p->labels,
+                                                p->hidden, 0, p->fan_in, loss, p->dropout);
     s.batch = p->batch_size;
     s.max_nnz = p->max_nnz;
-    s.dropout = p->dropout;
-    s.loss = p->loss == POOCH_LOSS_BCE             ? pooch::LossKind::bce
-             : p->loss == POOCH_LOSS_SQUARED_HINGE ? pooch::LossKind::squared_hinge
-                                                   : pooch::LossKind::softmax;
     s.seed = p->seed;
     s.topk = p->topk;
     // Build once now so that a bad spec fails here, not at session creation.

@@ -12,39 +12,15 @@
 
 namespace pooch {
 
-namespace {
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw Error(POOCH_ERR_INVALID_ARG, what);
-}
-
-}  // namespace
-
-std::unique_ptr<XmcModel> build_xmc_model(const XmcModelSpec& s, const OptimizerConfig& opt) {
-  require(s.features > 0, fmt::format("features must be positive, got {}", s.features));
-  require(s.labels > 0, fmt::format("labels must be positive, got {}", s.labels));
-  require(s.hidden > 0, fmt::format("hidden must be positive, got {}", s.hidden));
-  require(s.batch > 0, fmt::format("batch size must be positive, got {}", s.batch));
-  require(s.fan_in >= 0 && s.fan_in <= s.hidden,
-          fmt::format("fan-in must be between 0 (dense head) and hidden ({}), got {}", s.hidden,
-                      s.fan_in));
-  require(s.dropout >= 0 && s.dropout < 1,
-          fmt::format("dropout must be in [0, 1), got {}", s.dropout));
-  require(s.topk >= 1, fmt::format("top-k must be at least 1, got {}", s.topk));
-  require(s.features <= INT32_MAX && s.labels <= INT32_MAX,
-          "features and labels must fit in 32-bit indices");
-
+std::unique_ptr<XmcModel> build_xmc_model(const ModelSpec& spec, const OptimizerConfig& opt) {
+  validate_spec(spec);
   auto m = std::make_unique<XmcModel>();
-  m->spec = s;
-  m->spec.max_nnz = s.max_nnz > 0 ? s.max_nnz : s.batch * 64;
-  m->spec.topk = static_cast<int>(std::min<int64_t>(s.topk, s.labels));
+  m->spec = spec;
+  ModelSpec& s = m->spec;
+  if (s.max_nnz == 0) s.max_nnz = s.batch * 64;
+  s.topk = static_cast<int>(std::min<int64_t>(s.topk, s.labels));
   Graph& g = m->graph;
-  const int64_t B = s.batch, F = s.features, H = s.hidden, L = s.labels, K = s.fan_in;
-
-  m->ptr = g.add_tensor({"batch.ptr", DType::i32, {B + 1}, Role::input});
-  m->idx = g.add_tensor({"batch.idx", DType::i32, {m->spec.max_nnz}, Role::input});
-  m->val = g.add_tensor({"batch.val", DType::f32, {m->spec.max_nnz}, Role::input});
-  m->targets = g.add_tensor({"batch.targets", DType::f32, {B, L}, Role::input});
+  const int64_t B = s.batch, L = s.labels;
 
   auto weight = [&](std::string name, DType dt, Shape shape, bool trainable, WeightInit::Kind kind,
                     double a) {
@@ -54,36 +30,91 @@ std::unique_ptr<XmcModel> build_xmc_model(const XmcModelSpec& s, const Optimizer
     m->init.push_back({id, kind, a});
     return id;
   };
-  // Bag-of-words rows have unit length, so each hidden unit sums a few
-  // weights: draw them as for a layer whose fan-in is the typical row length.
-  const TensorId w1 = weight("hidden.weight", DType::f32, {F, H}, true, WeightInit::Kind::uniform,
-                             1.0 / std::sqrt(8.0));
-  const TensorId b1 = weight("hidden.bias", DType::f32, {H}, true, WeightInit::Kind::zeros, 0);
-  TensorId h = g.add_op1("sparse_linear", {m->ptr, m->idx, m->val, w1, b1}, {}, "hidden.pre");
-  h = g.add_op1("relu", {h}, {}, "hidden.act");
-  if (s.dropout > 0) h = g.add_op1("dropout", {h}, {{"p", s.dropout}, {"key", 1}}, "hidden.drop");
 
+  TensorId h = kNoTensor;
+  bool sparse_pending = s.input == InputKind::sparse;
+  if (sparse_pending) {
+    m->ptr = g.add_tensor({"batch.ptr", DType::i32, {B + 1}, Role::input});
+    m->idx = g.add_tensor({"batch.idx", DType::i32, {s.max_nnz}, Role::input});
+    m->val = g.add_tensor({"batch.val", DType::f32, {s.max_nnz}, Role::input});
+  } else {
+    m->x = g.add_tensor({"batch.x", DType::f32, {B, s.input_width}, Role::input});
+    h = m->x;
+  }
+  m->targets = g.add_tensor({"batch.targets", DType::f32, {B, L}, Role::input});
+
+  int64_t width = s.input_width;
   // Most labels are absent from most rows: start every logit low so the
   // first steps are not spent pushing them down.
   const double bias0 = s.loss == LossKind::softmax ? 0.0 : -std::log(static_cast<double>(L));
-  if (K > 0) {
-    const DType idx_t = H <= 65536 ? DType::u16 : DType::i32;
-    const TensorId index =
-        weight("head.index", idx_t, {L, K}, false, WeightInit::Kind::fan_in_index, double(H));
-    const TensorId w2 = weight("head.weight", DType::f32, {L, K}, true, WeightInit::Kind::uniform,
-                               1.0 / std::sqrt(double(K)));
-    const TensorId b2 =
-        weight("head.bias", DType::f32, {L}, true, WeightInit::Kind::constant, bias0);
-    m->logits = g.add_op1("ffi_linear", {h, index, w2, b2}, {}, "logits");
-  } else {
-    const TensorId w2 = weight("head.weight", DType::f32, {L, H}, true, WeightInit::Kind::uniform,
-                               1.0 / std::sqrt(double(H)));
-    const TensorId b2 =
-        weight("head.bias", DType::f32, {L}, true, WeightInit::Kind::constant, bias0);
-    m->logits = g.add_op1("linear", {h, w2, b2}, {}, "logits");
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    const LayerSpec& l = s.layers[i];
+    const std::string p = fmt::format("fc{}", i);
+    switch (l.kind) {
+      case LayerKind::linear: {
+        TensorId pre;
+        if (sparse_pending) {
+          // Bag-of-words rows have unit length, so each unit sums a few
+          // weights: draw them as for a layer whose fan-in is a typical row.
+          const TensorId w = weight(p + ".weight", DType::f32, {width, l.width}, true,
+                                    WeightInit::Kind::uniform, 1.0 / std::sqrt(8.0));
+          const TensorId b =
+              weight(p + ".bias", DType::f32, {l.width}, true, WeightInit::Kind::zeros, 0);
+          pre = g.add_op1("sparse_linear", {m->ptr, m->idx, m->val, w, b}, {}, p + ".pre");
+          sparse_pending = false;
+        } else {
+          const TensorId w = weight(p + ".weight", DType::f32, {l.width, width}, true,
+                                    WeightInit::Kind::uniform, 1.0 / std::sqrt(double(width)));
+          const TensorId b =
+              weight(p + ".bias", DType::f32, {l.width}, true, WeightInit::Kind::zeros, 0);
+          pre = g.add_op1("linear", {h, w, b}, {}, p + ".pre");
+        }
+        h = l.activation == "none" ? pre : g.add_op1(l.activation, {pre}, {}, p + ".act");
+        width = l.width;
+        break;
+      }
+      case LayerKind::dropout:
+        h = g.add_op1("dropout", {h}, {{"p", l.p}, {"key", double(i + 1)}},
+                      fmt::format("drop{}", i));
+        break;
+      case LayerKind::layernorm: {
+        const std::string n = fmt::format("ln{}", i);
+        const TensorId gamma =
+            weight(n + ".gamma", DType::f32, {width}, true, WeightInit::Kind::constant, 1.0);
+        const TensorId beta =
+            weight(n + ".beta", DType::f32, {width}, true, WeightInit::Kind::zeros, 0);
+        h = g.add_op("layernorm", {h, gamma, beta}, {}, {n + ".out", n + ".mean", n + ".rstd"})[0];
+        break;
+      }
+      case LayerKind::ffi_head: {
+        const int64_t K = l.fan_in;
+        const DType idx_t = width <= 65536 ? DType::u16 : DType::i32;
+        const TensorId index = weight("head.index", idx_t, {L, K}, false,
+                                      WeightInit::Kind::fan_in_index, double(width));
+        const TensorId w = weight("head.weight", DType::f32, {L, K}, true,
+                                  WeightInit::Kind::uniform, 1.0 / std::sqrt(double(K)));
+        const TensorId b =
+            weight("head.bias", DType::f32, {L}, true, WeightInit::Kind::constant, bias0);
+        m->logits = g.add_op1("ffi_linear", {h, index, w, b}, {}, "logits");
+        break;
+      }
+      case LayerKind::dense_head: {
+        const TensorId b =
+            weight("head.bias", DType::f32, {L}, true, WeightInit::Kind::constant, bias0);
+        if (sparse_pending) {
+          const TensorId w = weight("head.weight", DType::f32, {width, L}, true,
+                                    WeightInit::Kind::uniform, 1.0 / std::sqrt(8.0));
+          m->logits = g.add_op1("sparse_linear", {m->ptr, m->idx, m->val, w, b}, {}, "logits");
+        } else {
+          const TensorId w = weight("head.weight", DType::f32, {L, width}, true,
+                                    WeightInit::Kind::uniform, 1.0 / std::sqrt(double(width)));
+          m->logits = g.add_op1("linear", {h, w, b}, {}, "logits");
+        }
+        break;
+      }
+    }
   }
-  const auto top =
-      g.add_op("topk", {m->logits}, {{"k", m->spec.topk}}, {"top.values", "top.indices"});
+  const auto top = g.add_op("topk", {m->logits}, {{"k", s.topk}}, {"top.values", "top.indices"});
   m->top_values = top[0];
   m->top_indices = top[1];
   const char* loss_op = s.loss == LossKind::bce             ? "bce_logits"

@@ -1,30 +1,17 @@
-// The extreme multi-label model: a CSR bag-of-words batch -> sparse linear
-// (hidden) -> relu [-> dropout] -> output layer over the labels (fixed fan-in
-// or dense) -> loss, with top-k over the logits for prediction.
+// Builds the training graph of a model spec: the input (a CSR bag-of-words
+// batch or dense rows) -> the spec's layers -> the output layer over the
+// labels -> loss, top-k over the logits for prediction, then backward and
+// optimizer ops.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "../core/graph.h"
+#include "model_spec.h"
 #include "optimizer.h"
 
 namespace pooch {
-
-enum class LossKind { bce, squared_hinge, softmax };
-
-struct XmcModelSpec {
-  int64_t features = 0;
-  int64_t labels = 0;
-  int64_t hidden = 256;
-  int64_t fan_in = 32;  // 0: a dense output layer
-  int64_t batch = 64;
-  int64_t max_nnz = 0;  // 0: batch * 64
-  double dropout = 0.0;
-  LossKind loss = LossKind::bce;
-  uint64_t seed = 1;
-  int topk = 5;  // the most labels predict() can return per row
-};
 
 // How a weight starts: drawn from the seed, so two builds agree bit for bit.
 struct WeightInit {
@@ -35,16 +22,18 @@ struct WeightInit {
 };
 
 struct XmcModel {
-  XmcModelSpec spec;
+  ModelSpec spec;  // with max_nnz and topk resolved
   Graph graph;
-  TensorId ptr = kNoTensor, idx = kNoTensor, val = kNoTensor, targets = kNoTensor;
+  TensorId ptr = kNoTensor, idx = kNoTensor, val = kNoTensor;  // sparse input
+  TensorId x = kNoTensor;                                      // dense input
+  TensorId targets = kNoTensor;
   TensorId logits = kNoTensor, loss = kNoTensor, top_values = kNoTensor, top_indices = kNoTensor;
   std::vector<WeightInit> init;  // every weight and optimizer state
 };
 
 // Validates the spec (Error naming the bad field) and builds forward,
 // backward and optimizer ops.
-std::unique_ptr<XmcModel> build_xmc_model(const XmcModelSpec& spec, const OptimizerConfig& opt);
+std::unique_ptr<XmcModel> build_xmc_model(const ModelSpec& spec, const OptimizerConfig& opt);
 
 // The initial bytes of one weight or state tensor.
 std::vector<std::byte> initial_value(const Graph& g, const WeightInit& w, uint64_t seed);

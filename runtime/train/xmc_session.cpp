@@ -48,42 +48,57 @@ void XmcSession::check_cancel() {
 }
 
 void XmcSession::stage(const BatchView& b, bool with_labels) {
-  const XmcModelSpec& s = model_->spec;
+  const ModelSpec& s = model_->spec;
   if (b.rows < 0 || b.rows > s.batch)
     throw Error(
         POOCH_ERR_INVALID_ARG,
         fmt::format("batch has {} rows; the session was planned for at most {}", b.rows, s.batch));
-  if (!b.row_ptr) throw Error(POOCH_ERR_INVALID_ARG, "batch: row_ptr must not be null");
-  const int64_t base = b.row_ptr[0];
-  const int64_t nnz = b.row_ptr[b.rows] - base;
-  if (nnz > 0 && (!b.col || !b.val))
-    throw Error(POOCH_ERR_INVALID_ARG, "batch: col and val must not be null");
-  if (nnz > s.max_nnz)
-    throw Error(POOCH_ERR_INVALID_ARG,
-                fmt::format("batch has {} nonzeros; the session reserved {} (raise max_nnz)", nnz,
-                            s.max_nnz));
-  auto* ptr = static_cast<int32_t*>(exec_->input_staging(model_->ptr));
-  auto* idx = static_cast<int32_t*>(exec_->input_staging(model_->idx));
-  auto* val = static_cast<float*>(exec_->input_staging(model_->val));
-  for (int64_t r = 0; r < b.rows; ++r) {
-    if (b.row_ptr[r + 1] < b.row_ptr[r])
-      throw Error(POOCH_ERR_BAD_INPUT, fmt::format("batch row {}: row_ptr decreases", r));
-    for (int64_t j = b.row_ptr[r]; j < b.row_ptr[r + 1]; ++j) {
-      if (b.col[j] < 0 || b.col[j] >= s.features)
+  if (s.input == InputKind::dense) {
+    if (!b.dense && b.rows > 0)
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  "batch: the model takes dense rows but batch.dense is null");
+    const int64_t D = s.input_width;
+    for (int64_t i = 0; i < b.rows * D; ++i)
+      if (!std::isfinite(b.dense[i]))
         throw Error(POOCH_ERR_BAD_INPUT,
-                    fmt::format("batch row {}, entry {}: feature {} is outside [0, {})", r,
-                                j - b.row_ptr[r], b.col[j], s.features));
-      if (!std::isfinite(b.val[j]))
-        throw Error(POOCH_ERR_BAD_INPUT, fmt::format("batch row {}, entry {}: value is not finite",
-                                                     r, j - b.row_ptr[r]));
+                    fmt::format("batch row {}, column {}: value is not finite", i / D, i % D));
+    auto* x = static_cast<float*>(exec_->input_staging(model_->x));
+    if (b.rows > 0) std::memcpy(x, b.dense, static_cast<size_t>(b.rows * D) * 4);
+    std::memset(x + b.rows * D, 0, static_cast<size_t>((s.batch - b.rows) * D) * 4);
+  } else {
+    if (!b.row_ptr) throw Error(POOCH_ERR_INVALID_ARG, "batch: row_ptr must not be null");
+    const int64_t base = b.row_ptr[0];
+    const int64_t nnz = b.row_ptr[b.rows] - base;
+    if (nnz > 0 && (!b.col || !b.val))
+      throw Error(POOCH_ERR_INVALID_ARG, "batch: col and val must not be null");
+    if (nnz > s.max_nnz)
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("batch has {} nonzeros; the session reserved {} (raise max_nnz)", nnz,
+                              s.max_nnz));
+    auto* ptr = static_cast<int32_t*>(exec_->input_staging(model_->ptr));
+    auto* idx = static_cast<int32_t*>(exec_->input_staging(model_->idx));
+    auto* val = static_cast<float*>(exec_->input_staging(model_->val));
+    for (int64_t r = 0; r < b.rows; ++r) {
+      if (b.row_ptr[r + 1] < b.row_ptr[r])
+        throw Error(POOCH_ERR_BAD_INPUT, fmt::format("batch row {}: row_ptr decreases", r));
+      for (int64_t j = b.row_ptr[r]; j < b.row_ptr[r + 1]; ++j) {
+        if (b.col[j] < 0 || b.col[j] >= s.input_width)
+          throw Error(POOCH_ERR_BAD_INPUT,
+                      fmt::format("batch row {}, entry {}: feature {} is outside [0, {})", r,
+                                  j - b.row_ptr[r], b.col[j], s.input_width));
+        if (!std::isfinite(b.val[j]))
+          throw Error(
+              POOCH_ERR_BAD_INPUT,
+              fmt::format("batch row {}, entry {}: value is not finite", r, j - b.row_ptr[r]));
+      }
     }
-  }
-  // Padding rows past b.rows are empty.
-  for (int64_t r = 0; r <= s.batch; ++r)
-    ptr[r] = static_cast<int32_t>(b.row_ptr[std::min(r, b.rows)] - base);
-  if (nnz > 0) {
-    std::memcpy(idx, b.col + base, static_cast<size_t>(nnz) * 4);
-    std::memcpy(val, b.val + base, static_cast<size_t>(nnz) * 4);
+    // Padding rows past b.rows are empty.
+    for (int64_t r = 0; r <= s.batch; ++r)
+      ptr[r] = static_cast<int32_t>(b.row_ptr[std::min(r, b.rows)] - base);
+    if (nnz > 0) {
+      std::memcpy(idx, b.col + base, static_cast<size_t>(nnz) * 4);
+      std::memcpy(val, b.val + base, static_cast<size_t>(nnz) * 4);
+    }
   }
   if (!with_labels) return;
   if (!b.label_ptr || (b.label_ptr[b.rows] > b.label_ptr[0] && !b.label))

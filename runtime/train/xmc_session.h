@@ -26,6 +26,7 @@ struct SessionConfig {
 // One batch as the C API passes it (CSR features, CSR labels).
 struct BatchView {
   int64_t rows = 0;
+  const float* dense = nullptr;  // dense input: rows x input width, row-major
   const int64_t* row_ptr = nullptr;
   const int32_t* col = nullptr;
   const float* val = nullptr;

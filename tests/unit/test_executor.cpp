@@ -42,14 +42,9 @@ BatchView view(const XmcDataset& d, int64_t first, int64_t rows) {
   return b;
 }
 
-XmcModelSpec small_spec() {
-  XmcModelSpec s;
-  s.features = 300;
-  s.labels = 50;
-  s.hidden = 32;
-  s.fan_in = 8;
+ModelSpec small_spec() {
+  ModelSpec s = spec_from_flags(InputKind::sparse, 300, 50, 32, 0, 8, LossKind::bce, 0.1);
   s.batch = 16;
-  s.dropout = 0.1;
   return s;
 }
 

@@ -22,11 +22,8 @@ TrainResult train(int threads, int epochs = 4) {
   pp.features = 500;
   pp.labels = 100;
   const XmcDataset d = make_planted(pp);
-  XmcModelSpec spec;
-  spec.features = pp.features;
-  spec.labels = pp.labels;
-  spec.hidden = 64;
-  spec.fan_in = 16;
+  ModelSpec spec = spec_from_flags(InputKind::sparse, pp.features, pp.labels, 64, 0, 16,
+                                   LossKind::bce, 0.0);
   spec.batch = 32;
   OptimizerConfig opt;
   opt.lr = 1e-2;
@@ -47,7 +44,7 @@ TrainResult train(int threads, int epochs = 4) {
       b.label = d.label.data();
       r.losses.push_back(s.step(b));
     }
-  for (const char* w : {"hidden.weight", "hidden.bias", "head.weight", "head.bias", "head.index"})
+  for (const char* w : {"fc0.weight", "fc0.bias", "head.weight", "head.bias", "head.index"})
     r.weights.push_back(s.read(w));
   return r;
 }

@@ -1,0 +1,228 @@
+#include "model_spec.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../core/error.h"
+
+namespace pooch {
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void bad(const std::string& source, const std::string& what) {
+  throw Error(POOCH_ERR_BAD_INPUT, fmt::format("{}: {}", source, what));
+}
+
+const char* layer_type(LayerKind k) {
+  switch (k) {
+    case LayerKind::linear:
+      return "linear";
+    case LayerKind::dropout:
+      return "dropout";
+    case LayerKind::layernorm:
+      return "layernorm";
+    case LayerKind::ffi_head:
+      return "ffi";
+    case LayerKind::dense_head:
+      return "dense";
+  }
+  return "?";
+}
+
+int64_t get_int(const json& o, const char* key, const std::string& path, const std::string& src) {
+  if (!o.contains(key)) bad(src, fmt::format("{}.{} is missing", path, key));
+  const json& v = o.at(key);
+  if (!v.is_number_integer()) bad(src, fmt::format("{}.{} must be an integer", path, key));
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+const char* loss_name(LossKind k) {
+  switch (k) {
+    case LossKind::bce:
+      return "bce";
+    case LossKind::squared_hinge:
+      return "squared-hinge";
+    case LossKind::softmax:
+      return "softmax";
+  }
+  return "?";
+}
+
+LossKind parse_loss(const std::string& name) {
+  if (name == "bce") return LossKind::bce;
+  if (name == "squared-hinge" || name == "squared_hinge") return LossKind::squared_hinge;
+  if (name == "softmax") return LossKind::softmax;
+  throw Error(POOCH_ERR_INVALID_ARG,
+              fmt::format("unknown loss '{}': use bce, squared-hinge or softmax", name));
+}
+
+ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, int64_t hidden,
+                          int64_t bottleneck, int64_t fan_in, LossKind loss, double dropout) {
+  ModelSpec s;
+  s.input = input;
+  s.input_width = input_width;
+  s.labels = labels;
+  s.loss = loss;
+  s.layers.push_back({LayerKind::linear, hidden, "relu", 0, 0});
+  if (bottleneck > 0) s.layers.push_back({LayerKind::linear, bottleneck, "relu", 0, 0});
+  if (dropout > 0) s.layers.push_back({LayerKind::dropout, 0, "none", dropout, 0});
+  if (fan_in > 0)
+    s.layers.push_back({LayerKind::ffi_head, 0, "none", 0, fan_in});
+  else
+    s.layers.push_back({LayerKind::dense_head, 0, "none", 0, 0});
+  return s;
+}
+
+void validate_spec(const ModelSpec& s) {
+  auto req = [](bool ok, const std::string& what) {
+    if (!ok) throw Error(POOCH_ERR_INVALID_ARG, what);
+  };
+  req(s.input_width > 0, fmt::format("the input width must be positive, got {}", s.input_width));
+  req(s.labels > 0, fmt::format("labels must be positive, got {}", s.labels));
+  req(s.input_width <= INT32_MAX && s.labels <= INT32_MAX,
+      "the input width and the label count must fit in 32-bit indices");
+  req(s.batch > 0, fmt::format("the batch size must be positive, got {}", s.batch));
+  req(s.max_nnz >= 0, "max_nnz must not be negative");
+  req(s.topk >= 1, fmt::format("top-k must be at least 1, got {}", s.topk));
+  req(!s.layers.empty(), "the model needs at least an output layer");
+  int64_t width = s.input_width;
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    const LayerSpec& l = s.layers[i];
+    const bool last = i + 1 == s.layers.size();
+    const bool head = l.kind == LayerKind::ffi_head || l.kind == LayerKind::dense_head;
+    req(head == last,
+        last ? fmt::format("layers[{}]: the last layer must be the output layer (ffi or dense)", i)
+             : fmt::format("layers[{}]: an output layer ({}) must be the last layer", i,
+                           layer_type(l.kind)));
+    if (i == 0 && s.input == InputKind::sparse)
+      req(l.kind == LayerKind::linear || l.kind == LayerKind::dense_head,
+          "layers[0]: a sparse input must be followed by a linear layer");
+    switch (l.kind) {
+      case LayerKind::linear:
+        req(l.width > 0, fmt::format("layers[{}].width must be positive, got {}", i, l.width));
+        req(l.activation == "relu" || l.activation == "gelu" || l.activation == "none",
+            fmt::format("layers[{}].activation must be relu, gelu or none, got '{}'", i,
+                        l.activation));
+        width = l.width;
+        break;
+      case LayerKind::dropout:
+        req(l.p >= 0 && l.p < 1, fmt::format("layers[{}].p must be in [0, 1), got {}", i, l.p));
+        break;
+      case LayerKind::layernorm:
+        break;
+      case LayerKind::ffi_head:
+        req(l.fan_in > 0 && l.fan_in <= width,
+            fmt::format("layers[{}].fan_in must be between 1 and the width before it ({}), got {}",
+                        i, width, l.fan_in));
+        req(!(i == 0 && s.input == InputKind::sparse),
+            "layers[0]: a fixed fan-in head cannot read a sparse input directly; put a linear "
+            "layer first");
+        break;
+      case LayerKind::dense_head:
+        break;
+    }
+  }
+}
+
+ModelSpec spec_from_json(const std::string& text, const std::string& src) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    bad(src, fmt::format("not valid JSON (byte {}): {}", e.byte, e.what()));
+  }
+  if (!j.is_object()) bad(src, "the model spec must be a JSON object");
+  ModelSpec s;
+  if (!j.contains("input") || !j["input"].is_object()) bad(src, "\"input\" must be an object");
+  const json& in = j["input"];
+  const std::string kind = in.value("kind", "sparse");
+  if (kind != "sparse" && kind != "dense") bad(src, "input.kind must be \"sparse\" or \"dense\"");
+  s.input = kind == "sparse" ? InputKind::sparse : InputKind::dense;
+  s.input_width = get_int(in, "width", "input", src);
+  s.labels = get_int(j, "labels", "spec", src);
+  if (j.contains("loss")) {
+    if (!j["loss"].is_string()) bad(src, "loss must be a string");
+    try {
+      s.loss = parse_loss(j["loss"].get<std::string>());
+    } catch (const Error& e) {
+      bad(src, e.what());
+    }
+  }
+  for (const char* key : {"batch", "max_nnz", "topk", "seed"})
+    if (j.contains(key) && !j[key].is_number_integer())
+      bad(src, fmt::format("{} must be an integer", key));
+  s.batch = j.value("batch", s.batch);
+  s.max_nnz = j.value("max_nnz", s.max_nnz);
+  s.topk = j.value("topk", s.topk);
+  s.seed = j.value("seed", s.seed);
+  if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
+  for (size_t i = 0; i < j["layers"].size(); ++i) {
+    const json& l = j["layers"][i];
+    const std::string path = fmt::format("layers[{}]", i);
+    if (!l.is_object() || !l.contains("type") || !l["type"].is_string())
+      bad(src, path + " must be an object with a \"type\"");
+    const std::string type = l["type"].get<std::string>();
+    LayerSpec ls;
+    if (type == "linear") {
+      ls.kind = LayerKind::linear;
+      ls.width = get_int(l, "width", path, src);
+      if (l.contains("activation")) {
+        if (!l["activation"].is_string()) bad(src, path + ".activation must be a string");
+        ls.activation = l["activation"].get<std::string>();
+      }
+    } else if (type == "dropout") {
+      ls.kind = LayerKind::dropout;
+      if (!l.contains("p") || !l["p"].is_number()) bad(src, path + ".p must be a number");
+      ls.p = l["p"].get<double>();
+    } else if (type == "layernorm") {
+      ls.kind = LayerKind::layernorm;
+    } else if (type == "ffi") {
+      ls.kind = LayerKind::ffi_head;
+      ls.fan_in = get_int(l, "fan_in", path, src);
+    } else if (type == "dense") {
+      ls.kind = LayerKind::dense_head;
+    } else {
+      bad(src, fmt::format("{}.type '{}' is not one of linear, dropout, layernorm, ffi, dense",
+                           path, type));
+    }
+    s.layers.push_back(ls);
+  }
+  try {
+    validate_spec(s);
+  } catch (const Error& e) {
+    bad(src, e.what());
+  }
+  return s;
+}
+
+std::string spec_to_json(const ModelSpec& s) {
+  json j;
+  j["input"] = {{"kind", s.input == InputKind::sparse ? "sparse" : "dense"},
+                {"width", s.input_width}};
+  j["labels"] = s.labels;
+  j["loss"] = loss_name(s.loss);
+  j["batch"] = s.batch;
+  j["max_nnz"] = s.max_nnz;
+  j["topk"] = s.topk;
+  j["seed"] = s.seed;
+  json layers = json::array();
+  for (const LayerSpec& l : s.layers) {
+    json o{{"type", layer_type(l.kind)}};
+    if (l.kind == LayerKind::linear) {
+      o["width"] = l.width;
+      o["activation"] = l.activation;
+    }
+    if (l.kind == LayerKind::dropout) o["p"] = l.p;
+    if (l.kind == LayerKind::ffi_head) o["fan_in"] = l.fan_in;
+    layers.push_back(o);
+  }
+  j["layers"] = layers;
+  return j.dump(2);
+}
+
+}  // namespace pooch

@@ -1,0 +1,62 @@
+// A model's architecture as data: read from a JSON spec or made from the
+// common flags (--hidden, --bottleneck, --fan-in, --loss), saved inside every
+// .pooch file so a model file rebuilds itself.
+//
+// JSON form (docs/CLI.md has the reference):
+//   {"input": {"kind": "sparse", "width": 5000}, "labels": 3993,
+//    "layers": [{"type": "linear", "width": 512, "activation": "relu"},
+//               {"type": "dropout", "p": 0.1}, {"type": "layernorm"},
+//               {"type": "ffi", "fan_in": 32}],
+//    "loss": "squared-hinge"}
+// The last layer is the output layer: "ffi" (fixed fan-in) or "dense", both
+// `labels` wide.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pooch {
+
+enum class InputKind { sparse, dense };
+enum class LossKind { bce, squared_hinge, softmax };
+enum class LayerKind { linear, dropout, layernorm, ffi_head, dense_head };
+
+struct LayerSpec {
+  LayerKind kind = LayerKind::linear;
+  int64_t width = 0;                // linear
+  std::string activation = "relu";  // linear: relu, gelu or none
+  double p = 0;                     // dropout
+  int64_t fan_in = 0;               // ffi head
+};
+
+struct ModelSpec {
+  InputKind input = InputKind::sparse;
+  int64_t input_width = 0;
+  int64_t labels = 0;
+  std::vector<LayerSpec> layers;
+  LossKind loss = LossKind::bce;
+  // How the model runs (not its architecture): rows per step, the nonzeros a
+  // sparse batch may hold (0: batch * 64), the most labels predict returns.
+  int64_t batch = 64;
+  int64_t max_nnz = 0;
+  int topk = 5;
+  uint64_t seed = 1;
+};
+
+// The common shape: input -> linear(hidden, relu) [-> linear(bottleneck,
+// relu)] [-> dropout] -> ffi(fan_in) or dense head.
+ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, int64_t hidden,
+                          int64_t bottleneck, int64_t fan_in, LossKind loss, double dropout);
+
+// Parses a JSON spec; errors (POOCH_ERR_BAD_INPUT) name `source` and the
+// offending field, e.g. "model.json: layers[2].fan_in must be positive".
+ModelSpec spec_from_json(const std::string& text, const std::string& source);
+std::string spec_to_json(const ModelSpec& s);
+
+// Checks the architecture (Error POOCH_ERR_INVALID_ARG naming the field).
+void validate_spec(const ModelSpec& s);
+
+const char* loss_name(LossKind k);
+LossKind parse_loss(const std::string& name);  // "bce", "squared-hinge", "softmax"
+
+}  // namespace pooch
