@@ -27,6 +27,7 @@ XmcSession::XmcSession(std::unique_ptr<XmcModel> model, const SessionConfig& cfg
   bp.threads = threads;
   backend_ = make_cpu_backend(bp);
   budget_ = cfg.device_memory;
+  optimizer_ = cfg.optimizer;
   ExecutorParams ep;
   ep.budget = cfg.device_memory;
   ep.deterministic = cfg.deterministic;
@@ -150,6 +151,16 @@ std::vector<std::byte> XmcSession::read(std::string_view name) const {
   std::vector<std::byte> out(model_->graph.tensor(*id).bytes());
   exec_->read_tensor(*id, out.data(), out.size());
   return out;
+}
+
+void XmcSession::write(std::string_view name, const void* data, size_t bytes) {
+  const auto id = model_->graph.find(name);
+  if (!id) throw Error(POOCH_ERR_INVALID_ARG, fmt::format("no tensor named '{}'", name));
+  const TensorDesc& d = model_->graph.tensor(*id);
+  if (bytes != d.bytes())
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("tensor '{}' has {} bytes, got {}", name, d.bytes(), bytes));
+  exec_->write_tensor(*id, data, bytes);
 }
 
 }  // namespace pooch

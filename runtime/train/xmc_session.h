@@ -51,9 +51,15 @@ class XmcSession {
 
   const XmcModel& model() const { return *model_; }
   const Executor& executor() const { return *exec_; }
-  // Copies a tensor (weight, state) out of the arena.
+  // Copies a tensor (weight, state) out of the arena, or into it.
   std::vector<std::byte> read(std::string_view tensor_name) const;
+  void write(std::string_view tensor_name, const void* data, size_t bytes);
+  // The optimizer step counter (Adam's t; dropout masks are keyed by it).
+  uint64_t step() const { return exec_->step(); }
+  void set_step(uint64_t s) { exec_->set_step(s); }
+  void set_lr_scale(double s) { exec_->set_lr_scale(s); }
   const char* backend_name() const { return backend_->name(); }
+  const OptimizerConfig& optimizer() const { return optimizer_; }
   size_t budget() const { return budget_; }
 
  private:
@@ -65,6 +71,7 @@ class XmcSession {
   Program train_, predict_;
   std::atomic<bool> cancel_{false};
   size_t budget_ = 0;
+  OptimizerConfig optimizer_;
 };
 
 }  // namespace pooch

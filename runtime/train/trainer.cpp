@@ -1,0 +1,235 @@
+#include "trainer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "../core/error.h"
+#include "model_io.h"
+
+namespace pooch {
+
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The data order of an epoch depends only on (seed, epoch): a resumed run
+// regenerates it and skips the batches already done.
+std::vector<int64_t> epoch_order(int64_t rows, uint64_t seed, int64_t epoch, bool shuffle) {
+  std::vector<int64_t> order(static_cast<size_t>(rows));
+  std::iota(order.begin(), order.end(), 0);
+  if (!shuffle) return order;
+  uint64_t x = seed * 0x100000001B3ull + static_cast<uint64_t>(epoch);
+  for (int64_t i = rows - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(splitmix64(x) % static_cast<uint64_t>(i + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
+double lr_scale_at(const TrainConfig& cfg, const TrainerState& st, uint64_t step) {
+  double warm = 1.0;
+  if (cfg.warmup_steps > 0)
+    warm = std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps));
+  return warm * st.plateau_scale;
+}
+
+void checkpoint(XmcSession& s, const TrainConfig& cfg, const TrainerState& st,
+                const OptimizerConfig& opt) {
+  if (cfg.checkpoint_path.empty()) return;
+  Metadata m;
+  put_state(m, st, cfg);
+  m.set_string(meta_keys::kOptimizer, optimizer_to_json(opt));
+  save_session(s, cfg.checkpoint_path, true, m);
+}
+
+}  // namespace
+
+void put_state(Metadata& m, const TrainerState& s, const TrainConfig& cfg) {
+  m.set_i64(meta_keys::kEpoch, s.epoch);
+  m.set_i64(meta_keys::kDataPosition, s.position);
+  m.set_u64(meta_keys::kDataSeed, cfg.data_seed);
+  m.set_f64("train.loss_sum", s.loss_sum);
+  m.set_f64_array(meta_keys::kLrScheduleState,
+                  {s.plateau_scale, s.best, static_cast<double>(s.bad_epochs),
+                   static_cast<double>(s.plateau_bad)});
+  m.set_bool("train.finished", s.finished);
+}
+
+TrainerState get_state(const Metadata& m) {
+  TrainerState s;
+  s.epoch = m.get_i64(meta_keys::kEpoch);
+  s.position = m.get_i64(meta_keys::kDataPosition);
+  s.loss_sum = m.get_f64("train.loss_sum");
+  const auto& lr = m.get_f64_array(meta_keys::kLrScheduleState);
+  if (lr.size() != 4)
+    throw Error(POOCH_ERR_BAD_INPUT,
+                fmt::format("checkpoint: '{}' must hold 4 numbers, it holds {}",
+                            meta_keys::kLrScheduleState, lr.size()));
+  s.plateau_scale = lr[0];
+  s.best = lr[1];
+  s.bad_epochs = static_cast<int>(lr[2]);
+  s.plateau_bad = static_cast<int>(lr[3]);
+  s.finished = m.get_bool("train.finished");
+  return s;
+}
+
+std::vector<int64_t> label_counts(const XmcDataset& d) {
+  std::vector<int64_t> c(static_cast<size_t>(d.labels), 0);
+  for (int32_t l : d.label) ++c[static_cast<size_t>(l)];
+  return c;
+}
+
+BatchView BatchBuffer::gather(const XmcDataset& d, const std::vector<int64_t>& order, int64_t first,
+                              int64_t n) {
+  row_ptr.assign(1, 0);
+  label_ptr.assign(1, 0);
+  col.clear();
+  val.clear();
+  label.clear();
+  dense.clear();
+  for (int64_t i = first; i < first + n; ++i) {
+    const auto r = static_cast<size_t>(order[static_cast<size_t>(i)]);
+    if (d.has_dense()) {
+      const auto D = static_cast<size_t>(d.dense_dim);
+      dense.insert(dense.end(), d.dense.begin() + static_cast<long>(r * D),
+                   d.dense.begin() + static_cast<long>((r + 1) * D));
+    } else {
+      col.insert(col.end(), d.col.begin() + d.row_ptr[r], d.col.begin() + d.row_ptr[r + 1]);
+      val.insert(val.end(), d.val.begin() + d.row_ptr[r], d.val.begin() + d.row_ptr[r + 1]);
+    }
+    row_ptr.push_back(static_cast<int64_t>(col.size()));
+    label.insert(label.end(), d.label.begin() + d.label_ptr[r],
+                 d.label.begin() + d.label_ptr[r + 1]);
+    label_ptr.push_back(static_cast<int64_t>(label.size()));
+  }
+  BatchView b;
+  b.rows = n;
+  b.dense = dense.empty() ? nullptr : dense.data();
+  b.row_ptr = row_ptr.data();
+  b.col = col.data();
+  b.val = val.data();
+  b.label_ptr = label_ptr.data();
+  b.label = label.data();
+  return b;
+}
+
+XmcMetricsResult evaluate(XmcSession& s, const XmcDataset& d, const std::vector<double>* inv_prop) {
+  const ModelSpec& spec = s.model().spec;
+  if (d.labels > spec.labels || (d.has_dense() ? d.dense_dim : d.features) != spec.input_width)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("the data set has {} features and {} labels; the model takes {} and {}",
+                            d.has_dense() ? d.dense_dim : d.features, d.labels, spec.input_width,
+                            spec.labels));
+  const int k = std::min(5, spec.topk);
+  XmcMetrics metrics(spec.labels, 5, inv_prop);
+  std::vector<int64_t> order(static_cast<size_t>(d.rows()));
+  std::iota(order.begin(), order.end(), 0);
+  BatchBuffer buf;
+  std::vector<int32_t> top(static_cast<size_t>(spec.batch * k));
+  for (int64_t first = 0; first < d.rows(); first += spec.batch) {
+    const int64_t n = std::min(spec.batch, d.rows() - first);
+    const BatchView b = buf.gather(d, order, first, n);
+    s.predict(b, k, top.data(), nullptr);
+    for (int64_t r = 0; r < n; ++r)
+      metrics.add_row(top.data() + r * k, k, b.label + b.label_ptr[r],
+                      b.label_ptr[r + 1] - b.label_ptr[r]);
+  }
+  return metrics.result();
+}
+
+void train(XmcSession& s, const XmcDataset& train_set, const XmcDataset* test_set,
+           const TrainConfig& cfg, TrainerState& st, const TrainCallbacks& cb) {
+  const ModelSpec& spec = s.model().spec;
+  const int64_t in_width = train_set.has_dense() ? train_set.dense_dim : train_set.features;
+  if (in_width != spec.input_width || train_set.labels > spec.labels)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("the training set has {} features and {} labels; the model takes {} "
+                            "and {}",
+                            in_width, train_set.labels, spec.input_width, spec.labels));
+  if ((spec.input == InputKind::dense) != train_set.has_dense())
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("the model takes {} input but the training set is {}",
+                            spec.input == InputKind::dense ? "dense" : "sparse",
+                            train_set.has_dense() ? "dense (.npy)" : "sparse (bag of words)"));
+  std::vector<double> inv_prop;
+  if (test_set)
+    inv_prop = inverse_propensities(label_counts(train_set), std::max<int64_t>(1, train_set.rows()),
+                                    cfg.psp_a, cfg.psp_b);
+  // The spec may have more labels than this set names (finetuning keeps a head).
+  inv_prop.resize(test_set ? static_cast<size_t>(spec.labels) : 0, 1.0);
+
+  const int64_t rows = train_set.rows();
+  const int64_t batches = (rows + spec.batch - 1) / spec.batch;
+  BatchBuffer buf;
+  for (; st.epoch < cfg.epochs && !st.finished; ++st.epoch, st.position = 0, st.loss_sum = 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int64_t> order = epoch_order(rows, cfg.data_seed, st.epoch, cfg.shuffle);
+    for (; st.position < batches; ++st.position) {
+      const int64_t first = st.position * spec.batch;
+      const BatchView b = buf.gather(train_set, order, first, std::min(spec.batch, rows - first));
+      s.set_lr_scale(lr_scale_at(cfg, st, s.step()));
+      float loss;
+      try {
+        loss = s.step(b);
+      } catch (const Error& e) {
+        if (e.code() == POOCH_ERR_CANCELLED) checkpoint(s, cfg, st, s.optimizer());
+        throw;
+      }
+      st.loss_sum += loss;
+      if (cb.on_step && !cb.on_step(s.step(), loss, st.epoch, st.position, batches)) {
+        ++st.position;
+        checkpoint(s, cfg, st, s.optimizer());
+        throw Error(
+            POOCH_ERR_CANCELLED,
+            fmt::format("stopped at epoch {}, batch {} of {}{}", st.epoch + 1, st.position, batches,
+                        cfg.checkpoint_path.empty()
+                            ? ""
+                            : "; checkpoint written to " + cfg.checkpoint_path));
+      }
+    }
+    EpochReport rep;
+    rep.epoch = st.epoch + 1;
+    rep.train_loss = batches ? st.loss_sum / static_cast<double>(batches) : 0;
+    rep.lr = s.optimizer().lr * lr_scale_at(cfg, st, s.step());
+    double score = -rep.train_loss;
+    if (test_set) {
+      rep.eval = evaluate(s, *test_set, &inv_prop);
+      rep.evaluated = true;
+      score = rep.eval.precision_at(3);
+    }
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (score > st.best) {
+      st.best = score;
+      st.bad_epochs = st.plateau_bad = 0;
+      rep.improved = true;
+    } else {
+      ++st.bad_epochs;
+      if (cfg.plateau_patience > 0 && ++st.plateau_bad >= cfg.plateau_patience) {
+        st.plateau_scale *= cfg.plateau_factor;
+        st.plateau_bad = 0;
+        rep.reduced_lr = true;
+      }
+      if (cfg.early_stop_patience > 0 && st.bad_epochs >= cfg.early_stop_patience) {
+        rep.stopping = true;
+        st.finished = true;
+      }
+    }
+    if (cb.on_epoch) cb.on_epoch(rep);
+    TrainerState next = st;
+    ++next.epoch;
+    next.position = 0;
+    next.loss_sum = 0;
+    checkpoint(s, cfg, next, s.optimizer());
+  }
+}
+
+}  // namespace pooch

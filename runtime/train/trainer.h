@@ -1,0 +1,84 @@
+// The training loop: epochs over a shuffled data order, learning-rate
+// warm-up and reduce-on-plateau, evaluation after each epoch, early stopping,
+// and checkpoints from which a run resumes bit for bit (the state below is
+// everything the loop itself carries).
+#pragma once
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../../formats/pooch_file.h"
+#include "../../formats/xmc_data.h"
+#include "metrics.h"
+#include "xmc_session.h"
+
+namespace pooch {
+
+struct TrainConfig {
+  int epochs = 10;
+  int64_t warmup_steps = 0;     // linear warm-up of the learning rate over these steps
+  double plateau_factor = 0.5;  // multiply the learning rate by this ...
+  int plateau_patience = 2;     // ... after this many epochs without improvement (0: never)
+  int early_stop_patience = 4;  // stop after this many epochs without improvement (0: never)
+  bool shuffle = true;
+  uint64_t data_seed = 1;  // the data order of every epoch derives from it
+  double psp_a = 0.55, psp_b = 1.5;
+  std::string checkpoint_path;  // written after each epoch and when cancelled ("": never)
+};
+
+// What a checkpoint carries besides the tensors (metadata keys train.*).
+struct TrainerState {
+  int64_t epoch = 0;     // the epoch in progress (0-based)
+  int64_t position = 0;  // batches of it already done
+  double loss_sum = 0;   // of those batches
+  double plateau_scale = 1;
+  double best = -std::numeric_limits<double>::infinity();
+  int bad_epochs = 0;   // epochs since the best, for early stopping
+  int plateau_bad = 0;  // epochs since the best or the last reduction
+  bool finished = false;
+};
+
+void put_state(Metadata& m, const TrainerState& s, const TrainConfig& cfg);
+TrainerState get_state(const Metadata& m);  // Error POOCH_ERR_BAD_INPUT naming a missing key
+
+struct EpochReport {
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0;
+  double seconds = 0;
+  double lr = 0;
+  bool evaluated = false;
+  XmcMetricsResult eval;
+  bool improved = false;
+  bool reduced_lr = false;
+  bool stopping = false;
+};
+
+struct TrainCallbacks {
+  // After every step; return false to stop (a checkpoint is written first).
+  std::function<bool(uint64_t step, float loss, int64_t epoch, int64_t batch, int64_t batches)>
+      on_step;
+  std::function<void(const EpochReport&)> on_epoch;
+};
+
+// Runs (or resumes, from `state`) training. Throws Error(POOCH_ERR_CANCELLED)
+// when a callback or the session was cancelled, after writing the checkpoint.
+void train(XmcSession& s, const XmcDataset& train_set, const XmcDataset* test_set,
+           const TrainConfig& cfg, TrainerState& state, const TrainCallbacks& cb);
+
+// P@k, nDCG@k and (with propensities) PSP@k of the session's predictions.
+XmcMetricsResult evaluate(XmcSession& s, const XmcDataset& d, const std::vector<double>* inv_prop);
+
+// Label frequencies of a training set, for propensities.
+std::vector<int64_t> label_counts(const XmcDataset& d);
+
+// Rows [first, first + n) of `order` gathered into contiguous CSR buffers.
+struct BatchBuffer {
+  std::vector<int64_t> row_ptr, label_ptr;
+  std::vector<int32_t> col, label;
+  std::vector<float> val, dense;
+  BatchView gather(const XmcDataset& d, const std::vector<int64_t>& order, int64_t first,
+                   int64_t n);
+};
+
+}  // namespace pooch
