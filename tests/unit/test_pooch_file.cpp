@@ -308,7 +308,9 @@ TEST_F(PoochFileTest, RoundTripKeepsEverything) {
       const auto d = f.data(e);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(d.data()) % 64, 0u) << e.name;
       ASSERT_EQ(d.size(), model_.data[i].size()) << e.name;
-      EXPECT_EQ(std::memcmp(d.data(), model_.data[i].data(), d.size()), 0) << e.name;
+      EXPECT_TRUE(
+          std::equal(d.begin(), d.end(), reinterpret_cast<const std::byte*>(model_.data[i].data())))
+          << e.name;
     }
     EXPECT_EQ(f.find("hidden.act"), nullptr);  // in the graph, but carries no data
     EXPECT_EQ(f.layout().file_size % 64, 0u);
@@ -365,7 +367,7 @@ TEST(Metadata, TypedAccessNamesTheKey) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT);
-    EXPECT_NE(std::string(e.what()).find("'step' holds a u64, not a i64"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'step' holds type u64, not i64"), std::string::npos)
         << e.what();
   }
   try {
