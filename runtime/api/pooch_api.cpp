@@ -7,21 +7,31 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "../../formats/synth.h"
 #include "../../formats/xmc_data.h"
+#include "../../formats/xmc_text.h"
 #include "../core/error.h"
+#include "../train/model_io.h"
+#include "../train/trainer.h"
 #include "../train/xmc_session.h"
 #include "pooch/pooch.h"
 
 struct pooch_model {
   pooch::ModelSpec spec;
+  std::string spec_json;  // what pooch_model_spec_json returns
+  // Weights (and, for a checkpoint, state) a session starts from.
+  std::shared_ptr<pooch::LoadedFile> file;
+  bool head_replaced = false;  // the file's head and optimizer state no longer apply
 };
 
 struct pooch_session {
   std::unique_ptr<pooch::XmcSession> impl;
   pooch_progress_fn progress = nullptr;
   void* progress_user = nullptr;
+  pooch::TrainerState state;  // where training stands (restored from a checkpoint)
 };
 
 struct pooch_dataset {
@@ -87,6 +97,7 @@ pooch::BatchView to_view(const pooch_batch* b) {
   v.val = b->val;
   v.label_ptr = b->label_ptr;
   v.label = b->label;
+  v.dense = b->dense;
   return v;
 }
 
@@ -158,9 +169,10 @@ pooch_status pooch_model_create_xmc(const pooch_xmc_params* p, pooch_model** out
       p->loss >= POOCH_LOSS_BCE && p->loss <= POOCH_LOSS_SOFTMAX,
       fmt::format("pooch_model_create_xmc: unknown loss {}", static_cast<int>(p->loss)));
   return guarded([&] {
-    const pooch::LossKind loss = p->loss == POOCH_LOSS_BCE             ? pooch::LossKind::bce
-                                 : p->loss == POOCH_LOSS_SQUARED_HINGE ? pooch::LossKind::squared_hinge
-                                                                       : pooch::LossKind::softmax;
+    const pooch::LossKind loss = p->loss == POOCH_LOSS_BCE ? pooch::LossKind::bce
+                                 : p->loss == POOCH_LOSS_SQUARED_HINGE
+                                     ? pooch::LossKind::squared_hinge
+                                     : pooch::LossKind::softmax;
     pooch::ModelSpec s = pooch::spec_from_flags(pooch::InputKind::sparse, p->features, p->labels,
                                                 p->hidden, 0, p->fan_in, loss, p->dropout);
     s.batch = p->batch_size;
@@ -169,7 +181,7 @@ pooch_status pooch_model_create_xmc(const pooch_xmc_params* p, pooch_model** out
     s.topk = p->topk;
     // Build once now so that a bad spec fails here, not at session creation.
     (void)pooch::build_xmc_model(s, pooch::OptimizerConfig{});
-    *out = new pooch_model{s};
+    *out = new pooch_model{s, pooch::spec_to_json(s), nullptr, false};
   });
 }
 
@@ -190,6 +202,7 @@ void pooch_session_default_params(pooch_session_params* p) {
   p->eps = 1e-8f;
   p->momentum = 0.9f;
   p->deterministic = 1;
+  p->resume = 1;
 }
 
 pooch_status pooch_session_create(pooch_model* model, const pooch_session_params* p,
@@ -217,11 +230,22 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     o.eps = p->eps;
     o.weight_decay = p->weight_decay;
     o.momentum = p->momentum;
-    auto built = pooch::build_xmc_model(model->spec, o);
+    const bool resume =
+        model->file && model->file->checkpoint && !model->head_replaced && p->resume;
+    if (resume) c.optimizer = model->file->optimizer;
+    auto built = pooch::build_xmc_model(model->spec, c.optimizer);
     auto s = std::make_unique<pooch_session>();
     s->impl = std::make_unique<pooch::XmcSession>(
         std::move(built), c, [](void*, const char* line) { log_line(POOCH_LOG_INFO, line); },
         nullptr);
+    if (model->file) {
+      const pooch::PoochFile& f = model->file->file;
+      pooch::restore_tensors(*s->impl, f, resume, model->head_replaced ? "head." : "");
+      if (resume) {
+        s->impl->set_step(f.metadata().get_u64(pooch::meta_keys::kStep));
+        s->state = pooch::get_state(f.metadata());
+      }
+    }
     s->progress = p->progress;
     s->progress_user = p->progress_user;
     *out = s.release();
@@ -345,7 +369,263 @@ pooch_status pooch_dataset_batch(const pooch_dataset* ds, int64_t first, int64_t
   out->val = d.val.data();
   out->label_ptr = d.label_ptr.data() + first;
   out->label = d.label.data();
+  out->dense = d.has_dense() ? d.dense.data() + first * d.dense_dim : nullptr;
   return POOCH_OK;
+}
+
+pooch_status pooch_model_create_from_spec(const char* json, const char* source, pooch_model** out) {
+  POOCH_REQUIRE_ARG(json && out, "pooch_model_create_from_spec: json and out must not be NULL");
+  *out = nullptr;
+  return guarded([&] {
+    pooch::ModelSpec s = pooch::spec_from_json(json, source ? source : "model spec");
+    (void)pooch::build_xmc_model(s, pooch::OptimizerConfig{});
+    *out = new pooch_model{s, pooch::spec_to_json(s), nullptr, false};
+  });
+}
+
+pooch_status pooch_model_load(const char* path, pooch_model** out) {
+  POOCH_REQUIRE_ARG(path && out, "pooch_model_load: path and out must not be NULL");
+  *out = nullptr;
+  return guarded([&] {
+    auto file = std::make_shared<pooch::LoadedFile>(pooch::load_model_file(path));
+    pooch::ModelSpec s = file->spec;
+    *out = new pooch_model{s, pooch::spec_to_json(s), std::move(file), false};
+  });
+}
+
+pooch_status pooch_model_replace_head(pooch_model* m, int64_t labels) {
+  POOCH_REQUIRE_ARG(m, "pooch_model_replace_head: model must not be NULL");
+  POOCH_REQUIRE_ARG(
+      labels > 0, fmt::format("pooch_model_replace_head: labels must be positive, got {}", labels));
+  return guarded([&] {
+    pooch::ModelSpec s = m->spec;
+    s.labels = labels;
+    s.topk = std::max(s.topk, 5);
+    (void)pooch::build_xmc_model(s, pooch::OptimizerConfig{});
+    m->spec = s;
+    m->spec_json = pooch::spec_to_json(s);
+    m->head_replaced = true;
+  });
+}
+
+pooch_status pooch_model_set_run_shape(pooch_model* m, int64_t batch_size, int64_t max_nnz,
+                                       int topk) {
+  POOCH_REQUIRE_ARG(m, "pooch_model_set_run_shape: model must not be NULL");
+  POOCH_REQUIRE_ARG(batch_size >= 0 && max_nnz >= 0 && topk >= 0,
+                    "pooch_model_set_run_shape: values must not be negative");
+  return guarded([&] {
+    pooch::ModelSpec s = m->spec;
+    if (batch_size) {
+      s.batch = batch_size;
+      if (!max_nnz) s.max_nnz = 0;  // re-derived from the batch
+    }
+    if (max_nnz) s.max_nnz = max_nnz;
+    if (topk) s.topk = topk;
+    pooch::validate_spec(s);
+    m->spec = s;
+    m->spec_json = pooch::spec_to_json(s);
+  });
+}
+
+const char* pooch_model_spec_json(const pooch_model* m) {
+  return m ? m->spec_json.c_str() : "";
+}
+
+int pooch_model_is_checkpoint(const pooch_model* m) {
+  return m && m->file && m->file->checkpoint ? 1 : 0;
+}
+
+void pooch_string_free(char** s) {
+  if (!s) return;
+  std::free(*s);
+  *s = nullptr;
+}
+
+pooch_status pooch_file_describe(const char* path, char** json_out) {
+  POOCH_REQUIRE_ARG(path && json_out, "pooch_file_describe: path and json_out must not be NULL");
+  *json_out = nullptr;
+  return guarded([&] {
+    using nlohmann::json;
+    const pooch::PoochFile f = pooch::read_pooch_file(path);
+    json meta = json::object();
+    for (const auto& [k, v] : f.metadata().items())
+      std::visit([&](const auto& x) { meta[k] = x; }, v);
+    json tensors = json::array();
+    const pooch::Graph& g = f.graph();
+    for (size_t t = 0; t < g.num_tensors(); ++t) {
+      const pooch::TensorDesc& d = g.tensor(static_cast<pooch::TensorId>(t));
+      json o{{"name", d.name},
+             {"dtype", pooch::dtype_name(d.dtype)},
+             {"shape", d.shape},
+             {"role", pooch::role_name(d.role)},
+             {"bytes", d.bytes()}};
+      if (d.trainable) o["trainable"] = true;
+      if (const pooch::TensorEntry* e = f.find(static_cast<pooch::TensorId>(t))) {
+        o["offset"] = e->offset;
+        o["xxh3"] = fmt::format("{:016x}", e->xxh3);
+      }
+      tensors.push_back(o);
+    }
+    json nodes = json::array();
+    for (const pooch::Node& n : g.nodes()) {
+      json attrs = json::object();
+      for (const auto& [k, v] : n.attrs.items()) attrs[k] = v;
+      json in = json::array(), outs = json::array();
+      for (pooch::TensorId i : n.inputs) in.push_back(g.tensor(i).name);
+      for (pooch::TensorId o : n.outputs) outs.push_back(g.tensor(o).name);
+      nodes.push_back({{"op", n.op}, {"attrs", attrs}, {"inputs", in}, {"outputs", outs}});
+    }
+    const json doc{{"path", f.path()},
+                   {"format_version", f.version()},
+                   {"file_bytes", f.layout().file_size},
+                   {"metadata", meta},
+                   {"tensors", tensors},
+                   {"nodes", nodes}};
+    const std::string text = doc.dump(2);
+    char* buf = static_cast<char*>(std::malloc(text.size() + 1));
+    if (!buf) throw std::bad_alloc();
+    std::memcpy(buf, text.c_str(), text.size() + 1);
+    *json_out = buf;
+  });
+}
+
+pooch_status pooch_session_save(const pooch_session* s, const char* path) {
+  POOCH_REQUIRE_ARG(s && path, "pooch_session_save: session and path must not be NULL");
+  return guarded([&] { pooch::save_session(*s->impl, path, false); });
+}
+
+pooch_status pooch_dataset_load(const char* path, pooch_dataset** out) {
+  POOCH_REQUIRE_ARG(path && out, "pooch_dataset_load: path and out must not be NULL");
+  *out = nullptr;
+  return guarded([&] { *out = new pooch_dataset{pooch::load_xmc(path)}; });
+}
+
+pooch_status pooch_dataset_load_split(const char* features_path, const char* labels_path,
+                                      pooch_dataset** out) {
+  POOCH_REQUIRE_ARG(features_path && labels_path && out,
+                    "pooch_dataset_load_split: paths and out must not be NULL");
+  *out = nullptr;
+  return guarded(
+      [&] { *out = new pooch_dataset{pooch::load_xmc_split(features_path, labels_path)}; });
+}
+
+pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* path) {
+  POOCH_REQUIRE_ARG(ds && path, "pooch_dataset_save: dataset and path must not be NULL");
+  return guarded([&] { pooch::write_xmc_bow(path, ds->data); });
+}
+
+int pooch_dataset_is_dense(const pooch_dataset* ds) {
+  return ds && ds->data.has_dense() ? 1 : 0;
+}
+
+pooch_status pooch_dataset_create_synth(const char* preset, double scale, uint64_t seed,
+                                        pooch_dataset** train, pooch_dataset** test) {
+  POOCH_REQUIRE_ARG(preset && train && test,
+                    "pooch_dataset_create_synth: preset, train and test must not be NULL");
+  *train = *test = nullptr;
+  return guarded([&] {
+    pooch::SynthOptions o;
+    o.seed = seed;
+    pooch::SynthData d = pooch::make_synth(preset, scale, o);
+    auto tr = std::make_unique<pooch_dataset>(pooch_dataset{std::move(d.train)});
+    auto te = std::make_unique<pooch_dataset>(pooch_dataset{std::move(d.test)});
+    *train = tr.release();
+    *test = te.release();
+  });
+}
+
+void pooch_propensity_defaults(const char* name, float* a, float* b) {
+  const auto [pa, pb] = pooch::default_propensity_ab(name ? name : "");
+  if (a) *a = static_cast<float>(pa);
+  if (b) *b = static_cast<float>(pb);
+}
+
+void pooch_train_default_params(pooch_train_params* p) {
+  if (!p) return;
+  std::memset(p, 0, sizeof(*p));
+  const pooch::TrainConfig d;
+  p->epochs = d.epochs;
+  p->warmup_steps = d.warmup_steps;
+  p->plateau_factor = static_cast<float>(d.plateau_factor);
+  p->plateau_patience = d.plateau_patience;
+  p->early_stop_patience = d.early_stop_patience;
+  p->shuffle = 1;
+  p->data_seed = d.data_seed;
+  p->psp_a = static_cast<float>(d.psp_a);
+  p->psp_b = static_cast<float>(d.psp_b);
+}
+
+namespace {
+
+void to_c(const pooch::XmcMetricsResult& r, pooch_metrics* out) {
+  std::memset(out, 0, sizeof(*out));
+  out->rows = r.rows;
+  out->has_psp = r.has_propensity ? 1 : 0;
+  for (int k = 1; k <= std::min(5, r.max_k); ++k) {
+    out->precision[k - 1] = r.precision_at(k);
+    out->ndcg[k - 1] = r.ndcg_at(k);
+    if (r.has_propensity) out->psp[k - 1] = r.psp_at(k);
+  }
+}
+
+}  // namespace
+
+pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const pooch_dataset* test,
+                         const pooch_train_params* p) {
+  POOCH_REQUIRE_ARG(s && train && p, "pooch_train: session, train and params must not be NULL");
+  POOCH_REQUIRE_ARG(p->epochs >= 0, "pooch_train: epochs must not be negative");
+  POOCH_REQUIRE_ARG(p->plateau_factor > 0 && p->plateau_factor <= 1,
+                    "pooch_train: plateau_factor must be in (0, 1]");
+  return guarded([&] {
+    pooch::TrainConfig c;
+    c.epochs = p->epochs;
+    c.warmup_steps = p->warmup_steps;
+    c.plateau_factor = p->plateau_factor;
+    c.plateau_patience = p->plateau_patience;
+    c.early_stop_patience = p->early_stop_patience;
+    c.shuffle = p->shuffle != 0;
+    c.data_seed = p->data_seed;
+    c.psp_a = p->psp_a;
+    c.psp_b = p->psp_b;
+    if (p->checkpoint_path) c.checkpoint_path = p->checkpoint_path;
+    pooch::TrainCallbacks cb;
+    cb.on_step = [&](uint64_t step, float loss, int64_t epoch, int64_t batch, int64_t batches) {
+      if (s->progress && !s->progress(s->progress_user, static_cast<int64_t>(step), loss))
+        return false;
+      return !p->on_step || p->on_step(p->user, static_cast<int64_t>(step), loss,
+                                       static_cast<int>(epoch) + 1, batch + 1, batches) != 0;
+    };
+    cb.on_epoch = [&](const pooch::EpochReport& r) {
+      if (!p->on_epoch) return;
+      pooch_epoch_report c_rep;
+      std::memset(&c_rep, 0, sizeof(c_rep));
+      c_rep.epoch = static_cast<int>(r.epoch);
+      c_rep.train_loss = r.train_loss;
+      c_rep.seconds = r.seconds;
+      c_rep.learning_rate = r.lr;
+      c_rep.evaluated = r.evaluated ? 1 : 0;
+      if (r.evaluated) to_c(r.eval, &c_rep.eval);
+      c_rep.improved = r.improved;
+      c_rep.reduced_lr = r.reduced_lr;
+      c_rep.stopping = r.stopping;
+      p->on_epoch(p->user, &c_rep);
+    };
+    pooch::train(*s->impl, train->data, test ? &test->data : nullptr, c, s->state, cb);
+  });
+}
+
+pooch_status pooch_evaluate(pooch_session* s, const pooch_dataset* ds, const pooch_dataset* train,
+                            float a, float b, pooch_metrics* out) {
+  POOCH_REQUIRE_ARG(s && ds && out, "pooch_evaluate: session, dataset and out must not be NULL");
+  return guarded([&] {
+    std::vector<double> inv;
+    if (train) {
+      inv = pooch::inverse_propensities(pooch::label_counts(train->data),
+                                        std::max<int64_t>(1, train->data.rows()), a, b);
+      inv.resize(static_cast<size_t>(s->impl->model().spec.labels), 1.0);
+    }
+    to_c(pooch::evaluate(*s->impl, ds->data, train ? &inv : nullptr), out);
+  });
 }
 
 }  // extern "C"

@@ -7,25 +7,41 @@
 #include <thread>
 
 #include "../core/error.h"
+#ifdef POOCH_HAVE_CUDA
+#include "../backend/cuda/cuda_backend.h"
+#endif
 
 namespace pooch {
 
 XmcSession::XmcSession(std::unique_ptr<XmcModel> model, const SessionConfig& cfg, SessionLog log,
                        void* log_user)
     : model_(std::move(model)) {
-  if (cfg.device == DeviceKind::cuda)
-    throw Error(POOCH_ERR_NO_DEVICE,
-                "--device cuda: this build of pooch has no CUDA backend yet; use --device cpu "
-                "or auto");
-  if (cfg.device == DeviceKind::automatic && log)
-    log(log_user, "device auto: using the CPU backend (no CUDA backend in this build)");
-  const int threads = cfg.threads > 0
-                          ? cfg.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  CpuBackendParams bp;
-  bp.device_budget = cfg.device_memory;
-  bp.threads = threads;
-  backend_ = make_cpu_backend(bp);
+  const int threads = cfg.threads > 0 ? cfg.threads
+                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (cfg.device != DeviceKind::cpu) {
+    std::string why;
+#ifdef POOCH_HAVE_CUDA
+    if (cuda_device_available(&why)) {
+      CudaBackendParams cp;
+      cp.device_budget = cfg.device_memory;
+      cp.threads = threads;
+      backend_ = make_cuda_backend(cp);
+    }
+#else
+    why = "this build of pooch has no CUDA backend (nvcc was not found when it was built)";
+#endif
+    if (!backend_ && cfg.device == DeviceKind::cuda)
+      throw Error(POOCH_ERR_NO_DEVICE,
+                  fmt::format("--device cuda: {}; use --device cpu or auto", why));
+    if (!backend_ && log)
+      log(log_user, fmt::format("device auto: using the CPU backend ({})", why).c_str());
+  }
+  if (!backend_) {
+    CpuBackendParams bp;
+    bp.device_budget = cfg.device_memory;
+    bp.threads = threads;
+    backend_ = make_cpu_backend(bp);
+  }
   budget_ = cfg.device_memory;
   optimizer_ = cfg.optimizer;
   ExecutorParams ep;

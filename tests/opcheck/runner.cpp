@@ -29,6 +29,9 @@
 
 #include "../../kernels/ref/ref_kernels.h"
 #include "../../runtime/backend/backend.h"
+#ifdef POOCH_HAVE_CUDA
+#include "../../runtime/backend/cuda/cuda_backend.h"
+#endif
 #include "../../runtime/core/error.h"
 #include "../../runtime/core/op_registry.h"
 #include "opcheck.h"
@@ -385,7 +388,15 @@ const BackendFactory kFactories[] = {
      [](const Options& o) {
        return make_cpu_backend(CpuBackendParams{0, o.threads});
      }},
-    // {"cuda", [](const Options& o) { return make_cuda_backend(CudaBackendParams{}); }},
+#ifdef POOCH_HAVE_CUDA
+    // Throws POOCH_ERR_NO_DEVICE without a GPU: skipped (exit 77) or left out.
+    {"cuda",
+     [](const Options& o) {
+       CudaBackendParams p;
+       p.threads = o.threads;
+       return make_cuda_backend(p);
+     }},
+#endif
 };
 
 struct Slot {

@@ -113,7 +113,7 @@ TEST(Api, BadBatchSaysWhereAndLosesNothing) {
   const float val[3] = {1, 1, 1};
   const int64_t lptr[3] = {0, 1, 1};
   const int32_t lab[1] = {3};
-  pooch_batch b{2, ptr, col, val, lptr, lab};
+  pooch_batch b{2, ptr, col, val, lptr, lab, nullptr};
   EXPECT_EQ(pooch_session_step(f.sess, &b, nullptr), POOCH_ERR_BAD_INPUT);
   const std::string msg = pooch_last_error();
   EXPECT_NE(msg.find("row 1"), std::string::npos) << msg;

@@ -93,7 +93,31 @@ typedef struct pooch_xmc_params {
 
 POOCH_API void pooch_xmc_default_params(pooch_xmc_params* p);
 POOCH_API pooch_status pooch_model_create_xmc(const pooch_xmc_params* p, pooch_model** out);
+/* A model from a JSON spec (docs/CLI.md, "Model specs"). `source` names it in
+ * errors (a file name; may be NULL). */
+POOCH_API pooch_status pooch_model_create_from_spec(const char* json, const char* source,
+                                                    pooch_model** out);
+/* A model or checkpoint file (.pooch). A session created from it starts from
+ * its weights; from a checkpoint (with resume set in the session params) also
+ * from its optimizer state, step and trainer position. */
+POOCH_API pooch_status pooch_model_load(const char* path, pooch_model** out);
+/* Finetuning on a new label set: replaces the output layer by a fresh one
+ * over `labels`; every other weight is kept. */
+POOCH_API pooch_status pooch_model_replace_head(pooch_model* model, int64_t labels);
+/* How the model runs: rows per step, nonzeros reserved per batch (0: 64 per
+ * row), the most labels predict returns. 0 keeps the current value. */
+POOCH_API pooch_status pooch_model_set_run_shape(pooch_model* model, int64_t batch_size,
+                                                 int64_t max_nnz, int topk);
+/* The model's spec as JSON; valid until the model is freed or changed. */
+POOCH_API const char* pooch_model_spec_json(const pooch_model* model);
+/* 1 when the model was loaded from a checkpoint. */
+POOCH_API int pooch_model_is_checkpoint(const pooch_model* model);
 POOCH_API void pooch_model_free(pooch_model** model);
+
+/* Everything in a .pooch file as one JSON document (metadata, graph, tensor
+ * table); free it with pooch_string_free. */
+POOCH_API pooch_status pooch_file_describe(const char* path, char** json_out);
+POOCH_API void pooch_string_free(char** s);
 
 /* ---------------------------------------------------------------------- */
 /* Training sessions                                                      */
@@ -125,6 +149,9 @@ typedef struct pooch_session_params {
   float weight_decay;       /* default 0 (AdamW: decoupled) */
   float momentum;           /* SGD: default 0.9 */
   int deterministic;        /* prefer bitwise reproducible kernels (default 1) */
+  int resume;               /* a model from a checkpoint: continue its optimizer state and
+                               trainer position (default 1); 0: its weights only. The
+                               checkpoint's optimizer settings win over the ones above. */
   pooch_progress_fn progress;
   void* progress_user;
 } pooch_session_params;
@@ -148,6 +175,7 @@ typedef struct pooch_batch {
   const float* val;
   const int64_t* label_ptr;
   const int32_t* label;
+  const float* dense; /* dense-input models: rows x input width, row-major (else NULL) */
 } pooch_batch;
 
 /* One forward, backward and optimizer update; *loss gets the batch loss. */
@@ -166,6 +194,9 @@ typedef struct pooch_memory_report {
 } pooch_memory_report;
 
 POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out);
+
+/* Writes the session's model (spec and weights) to `path`, atomically. */
+POOCH_API pooch_status pooch_session_save(const pooch_session* s, const char* path);
 
 /* Copies the tensor `name` (e.g. "hidden.weight", "head.weight.m") out of the
  * arena into dst, which must hold exactly its size in bytes (*bytes gets the
@@ -199,6 +230,77 @@ POOCH_API pooch_status pooch_dataset_shape(const pooch_dataset* ds, int64_t* row
 /* A view of rows [first, first + rows) (clipped at the end), valid while ds lives. */
 POOCH_API pooch_status pooch_dataset_batch(const pooch_dataset* ds, int64_t first, int64_t rows,
                                            pooch_batch* out);
+/* An Extreme Classification Repository bag-of-words file (header "N F L"),
+ * with a binary cache beside it (<path>.pcache) that makes the next load fast;
+ * errors name the file, line and column. */
+POOCH_API pooch_status pooch_dataset_load(const char* path, pooch_dataset** out);
+/* The split form: features X_Xf.txt (or dense features in a NumPy .npy file)
+ * and labels X_Y.txt. */
+POOCH_API pooch_status pooch_dataset_load_split(const char* features_path, const char* labels_path,
+                                                pooch_dataset** out);
+/* Writes a data set in the bag-of-words format, atomically. */
+POOCH_API pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* path);
+/* 1 when the features are dense rows (from .npy). */
+POOCH_API int pooch_dataset_is_dense(const pooch_dataset* ds);
+/* A synthetic train/test pair shaped like a known data set ("EURLex-4K",
+ * "Wiki10-31K", "AmazonCat-13K", "Wiki-500K", "Amazon-670K", "Amazon-3M"),
+ * scaled by `scale` (rows and labels linearly). Power-law label frequencies;
+ * the labels are predictable from the features. Deterministic in `seed`. */
+POOCH_API pooch_status pooch_dataset_create_synth(const char* preset, double scale, uint64_t seed,
+                                                  pooch_dataset** train, pooch_dataset** test);
+/* The propensity parameters (A, B) of PSP@k for a data set name (Jain et al. 2016). */
+POOCH_API void pooch_propensity_defaults(const char* dataset_name, float* a, float* b);
+
+/* ---------------------------------------------------------------------- */
+/* Training and evaluation                                                */
+
+typedef struct pooch_metrics {
+  double precision[5]; /* P@1..P@5 (index k-1), in [0, 1] */
+  double ndcg[5];
+  double psp[5];       /* propensity-scored precision; 0 without propensities */
+  int has_psp;
+  int64_t rows;
+} pooch_metrics;
+
+typedef struct pooch_epoch_report {
+  int epoch;            /* 1-based */
+  double train_loss;    /* mean batch loss of the epoch */
+  double seconds;       /* training and evaluation */
+  double learning_rate; /* at the end of the epoch */
+  int evaluated;        /* eval holds test-set metrics */
+  pooch_metrics eval;
+  int improved, reduced_lr, stopping;
+} pooch_epoch_report;
+
+typedef struct pooch_train_params {
+  int epochs;               /* default 10 */
+  int64_t warmup_steps;     /* linear learning-rate warm-up (default 0) */
+  float plateau_factor;     /* reduce-on-plateau factor (default 0.5) */
+  int plateau_patience;     /* epochs without improvement before reducing (default 2; 0: off) */
+  int early_stop_patience;  /* epochs without improvement before stopping (default 4; 0: off) */
+  int shuffle;              /* default 1 */
+  uint64_t data_seed;       /* data order (default 1) */
+  float psp_a, psp_b;       /* propensity parameters (default 0.55, 1.5) */
+  const char* checkpoint_path; /* written after each epoch and when cancelled (NULL: never) */
+  /* After each step; return 0 to stop (the checkpoint is written, the call
+   * returns POOCH_ERR_CANCELLED). */
+  int (*on_step)(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches);
+  void (*on_epoch)(void* user, const pooch_epoch_report* report);
+  void* user;
+} pooch_train_params;
+
+POOCH_API void pooch_train_default_params(pooch_train_params* p);
+/* Trains (or, for a session from a checkpoint, resumes) over `train`;
+ * evaluates on `test` (may be NULL) after each epoch. Stopping early through
+ * on_step or pooch_session_cancel returns POOCH_ERR_CANCELLED after writing
+ * the checkpoint. */
+POOCH_API pooch_status pooch_train(pooch_session* s, const pooch_dataset* train,
+                                   const pooch_dataset* test, const pooch_train_params* p);
+/* Metrics of the session's top-5 predictions on `ds`. With `train` given,
+ * PSP@k uses propensities from its label frequencies and (a, b). */
+POOCH_API pooch_status pooch_evaluate(pooch_session* s, const pooch_dataset* ds,
+                                      const pooch_dataset* train, float a, float b,
+                                      pooch_metrics* out);
 
 #ifdef __cplusplus
 }

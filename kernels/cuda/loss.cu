@@ -1,0 +1,338 @@
+// CUDA loss kernels (docs/OPS.md, "Losses"), f32 data, double accumulation.
+//
+// Reductions are deterministic: each block writes a partial sum to the
+// workspace, then a single block adds the partials in index order. The block
+// count depends on the shape alone, so the bits are the same on every run.
+//
+// bce_logits and squared_hinge sum their elementwise terms over the flat
+// [B·L] array. softmax_xent works on chunks of each row in three passes, as
+// the reference's formula needs them: the row maximum, then Σ exp(x − shift),
+// then Σ t·(lse − x); each pass combines the row's chunk partials in order.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace pooch::kern {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxPartials = 1024;
+constexpr int64_t kChunk = 4096;  // elements of one row per block (softmax)
+
+struct Dims {
+  int64_t b, l;
+};
+Dims dims_of(const TensorView& x) {
+  if (x.ndim != 2) return {0, 0};
+  return {x.shape[0], x.shape[1]};
+}
+
+// ---- elementwise terms (float, as the CPU kernels) ------------------------------
+
+__device__ __forceinline__ float bce_term(float x, float t) {
+  return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));
+}
+
+__device__ __forceinline__ float hinge_term(float x, float t) {
+  const float m = fmaxf(0.0f, 1.0f - (2.0f * t - 1.0f) * x);
+  return m * m;
+}
+
+__device__ __forceinline__ float sigmoid(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  const float e = expf(x);
+  return e / (1.0f + e);
+}
+
+enum class Kind { bce, hinge };
+
+// Blocks for a flat reduction over n elements: a function of n alone.
+int64_t partial_blocks(int64_t n) {
+  return std::max<int64_t>(1, std::min(kMaxPartials, ceil_div(n, int64_t{kThreads} * 16)));
+}
+
+template <Kind K>
+__global__ void flat_partials_kernel(const float* __restrict__ x, const float* __restrict__ t,
+                                     int64_t n, double* __restrict__ partial) {
+  __shared__ double scratch[33];
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    acc += static_cast<double>(K == Kind::bce ? bce_term(x[i], t[i]) : hinge_term(x[i], t[i]));
+  const double s = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// out = Σ partial[0..n) / rows; each thread sums a strided slice in order,
+// then the block's fixed tree.
+__global__ void finish_kernel(const double* __restrict__ partial, int64_t n, int64_t rows,
+                              float* __restrict__ out) {
+  __shared__ double scratch[33];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  const double s = block_sum(acc, scratch);
+  if (threadIdx.x == 0) *out = static_cast<float>(s / static_cast<double>(rows));
+}
+
+bool write_zero(float* out, cudaStream_t s) {
+  return cuda_ok(cudaMemsetAsync(out, 0, sizeof(float), s), "cudaMemsetAsync");
+}
+
+size_t flat_ws(const KernelArgs& a) {
+  const Dims d = dims_of(a.in[0]);
+  return static_cast<size_t>(partial_blocks(d.b * d.l)) * sizeof(double);
+}
+
+template <Kind K>
+void flat_loss(const KernelArgs& a) {
+  if (!f32_only(a, K == Kind::bce ? "bce_logits" : "squared_hinge")) return;
+  const Dims d = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  const int64_t n = d.b * d.l;
+  if (d.b == 0 || n == 0) {  // the mean over no rows, or of empty rows, is 0
+    write_zero(out, s);
+    return;
+  }
+  auto* partial = static_cast<double*>(a.workspace);
+  const int64_t blocks = partial_blocks(n);
+  flat_partials_kernel<K><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+      a.in[0].as<const float>(), a.in[1].as<const float>(), n, partial);
+  if (!launched("flat_partials_kernel")) return;
+  finish_kernel<<<1, kThreads, 0, s>>>(partial, blocks, d.b, out);
+  launched("finish_kernel");
+}
+
+// ---- softmax cross-entropy: row statistics ------------------------------------
+
+struct XentLayout {
+  float* pmax;     // [B][chunks]
+  double* psum;    // [B][chunks] Σ exp(x − shift)
+  double* ptsum;   // [B][chunks] Σ t
+  double* prow;    // [B][chunks] Σ t·(lse − x)
+  size_t total;
+};
+
+XentLayout xent_layout(void* base, int64_t B, int64_t chunks) {
+  const auto n = static_cast<size_t>(B * chunks);
+  auto* p = static_cast<std::byte*>(base);
+  XentLayout L{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    std::byte* at = p ? p + off : nullptr;
+    off = align_up(off + bytes);
+    return at;
+  };
+  L.pmax = reinterpret_cast<float*>(take(n * sizeof(float)));
+  L.psum = reinterpret_cast<double*>(take(n * sizeof(double)));
+  L.ptsum = reinterpret_cast<double*>(take(n * sizeof(double)));
+  L.prow = reinterpret_cast<double*>(take(n * sizeof(double)));
+  L.total = off;
+  return L;
+}
+
+int64_t chunks_of(int64_t l) {
+  return std::max<int64_t>(1, ceil_div(l, kChunk));
+}
+
+size_t xent_ws(const KernelArgs& a) {
+  const Dims d = dims_of(a.in[0]);
+  return xent_layout(nullptr, d.b, chunks_of(d.l)).total;
+}
+
+// Blocks: x over a row's chunks, y over rows (grid-stride).
+dim3 chunk_grid(int64_t B, int64_t chunks) {
+  return dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min<int64_t>(B, 65535)));
+}
+
+// Max of a chunk; fmaxf skips NaN as std::max(m, NaN) does from m = -inf.
+__global__ void xent_max_kernel(const float* __restrict__ x, int64_t B, int64_t L,
+                                float* __restrict__ pmax) {
+  __shared__ float red[kThreads];
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    float m = -INFINITY;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) m = fmaxf(m, x[r * L + j]);
+    red[threadIdx.x] = m;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) pmax[r * gridDim.x + blockIdx.x] = red[0];
+    __syncthreads();
+  }
+}
+
+// The shift of row r: its maximum when finite, else 0 (as the reference).
+__device__ __forceinline__ float row_shift(const float* pmax, int64_t r, int64_t chunks) {
+  float m = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) m = fmaxf(m, pmax[r * chunks + c]);
+  return isfinite(m) ? m : 0.0f;
+}
+
+__device__ __forceinline__ double row_lse(const float* pmax, const double* psum, int64_t r,
+                                          int64_t chunks) {
+  double s = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) s += psum[r * chunks + c];
+  return static_cast<double>(row_shift(pmax, r, chunks)) + log(s);
+}
+
+// Σ exp(x − shift) and Σ t over the chunk.
+__global__ void xent_sum_kernel(const float* __restrict__ x, const float* __restrict__ t,
+                                int64_t B, int64_t L, const float* __restrict__ pmax,
+                                double* __restrict__ psum, double* __restrict__ ptsum) {
+  __shared__ double scratch[33];
+  const int64_t chunks = gridDim.x;
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const float shift = row_shift(pmax, r, chunks);
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    double se = 0.0, st = 0.0;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+      se += static_cast<double>(expf(x[r * L + j] - shift));
+      st += static_cast<double>(t[r * L + j]);
+    }
+    se = block_sum(se, scratch);
+    st = block_sum(st, scratch);
+    if (threadIdx.x == 0) {
+      psum[r * chunks + blockIdx.x] = se;
+      ptsum[r * chunks + blockIdx.x] = st;
+    }
+  }
+}
+
+// Σ t·(lse − x) over the chunk, the difference formed in double.
+__global__ void xent_row_kernel(const float* __restrict__ x, const float* __restrict__ t,
+                                int64_t B, int64_t L, const float* __restrict__ pmax,
+                                const double* __restrict__ psum, double* __restrict__ prow) {
+  __shared__ double scratch[33];
+  const int64_t chunks = gridDim.x;
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const double lse = row_lse(pmax, psum, r, chunks);
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    double acc = 0.0;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
+      acc += static_cast<double>(t[r * L + j]) * (lse - static_cast<double>(x[r * L + j]));
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) prow[r * chunks + blockIdx.x] = acc;
+  }
+}
+
+bool xent_stats(const float* x, const float* t, int64_t B, int64_t L, const XentLayout& w,
+                cudaStream_t s) {
+  const int64_t chunks = chunks_of(L);
+  xent_max_kernel<<<chunk_grid(B, chunks), kThreads, 0, s>>>(x, B, L, w.pmax);
+  if (!launched("xent_max_kernel")) return false;
+  xent_sum_kernel<<<chunk_grid(B, chunks), kThreads, 0, s>>>(x, t, B, L, w.pmax, w.psum,
+                                                             w.ptsum);
+  return launched("xent_sum_kernel");
+}
+
+void softmax_xent(const KernelArgs& a) {
+  if (!f32_only(a, "softmax_xent")) return;
+  const Dims d = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  if (d.b == 0 || d.l == 0) {
+    write_zero(out, s);
+    return;
+  }
+  const float* x = a.in[0].as<const float>();
+  const float* t = a.in[1].as<const float>();
+  const int64_t chunks = chunks_of(d.l);
+  const XentLayout w = xent_layout(a.workspace, d.b, chunks);
+  if (!xent_stats(x, t, d.b, d.l, w, s)) return;
+  xent_row_kernel<<<chunk_grid(d.b, chunks), kThreads, 0, s>>>(x, t, d.b, d.l, w.pmax, w.psum,
+                                                               w.prow);
+  if (!launched("xent_row_kernel")) return;
+  finish_kernel<<<1, kThreads, 0, s>>>(w.prow, d.b * chunks, d.b, out);
+  launched("finish_kernel");
+}
+
+// ---- gradients -------------------------------------------------------------------
+
+template <Kind K>
+__global__ void flat_grad_kernel(const float* __restrict__ x, const float* __restrict__ t,
+                                 float* __restrict__ dx, int64_t n, float k) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (K == Kind::bce) {
+      dx[i] = k * (sigmoid(x[i]) - t[i]);
+    } else {
+      const float sg = 2.0f * t[i] - 1.0f;
+      dx[i] = -2.0f * k * sg * fmaxf(0.0f, 1.0f - sg * x[i]);
+    }
+  }
+}
+
+float grad_scale(const KernelArgs& a, int64_t b) {
+  return static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(b));
+}
+
+template <Kind K>
+void flat_grad(const KernelArgs& a) {
+  if (!f32_only(a, K == Kind::bce ? "bce_logits_grad" : "squared_hinge_grad")) return;
+  const Dims d = dims_of(a.in[0]);
+  const int64_t n = d.b * d.l;
+  if (d.b == 0 || n == 0) return;
+  flat_grad_kernel<K><<<grid_for(n, kThreads), kThreads, 0, stream_of(a)>>>(
+      a.in[0].as<const float>(), a.in[1].as<const float>(), a.out[0].as<float>(), n,
+      grad_scale(a, d.b));
+  launched("flat_grad_kernel");
+}
+
+// dx = k·(softmax(x)·Σt − t), p = exp(x − lse) with x − lse formed in double.
+__global__ void xent_grad_kernel(const float* __restrict__ x, const float* __restrict__ t,
+                                 float* __restrict__ dx, int64_t B, int64_t L,
+                                 const float* __restrict__ pmax, const double* __restrict__ psum,
+                                 const double* __restrict__ ptsum, float k) {
+  const int64_t chunks = gridDim.x;
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const double lse = row_lse(pmax, psum, r, chunks);
+    double ts = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) ts += ptsum[r * chunks + c];
+    const float tsf = static_cast<float>(ts);
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+      const float p = expf(static_cast<float>(static_cast<double>(x[r * L + j]) - lse));
+      dx[r * L + j] = k * (p * tsf - t[r * L + j]);
+    }
+  }
+}
+
+void softmax_xent_grad(const KernelArgs& a) {
+  if (!f32_only(a, "softmax_xent_grad")) return;
+  const Dims d = dims_of(a.in[0]);
+  if (d.b == 0 || d.l == 0) return;
+  const float* x = a.in[0].as<const float>();
+  const float* t = a.in[1].as<const float>();
+  const cudaStream_t s = stream_of(a);
+  const int64_t chunks = chunks_of(d.l);
+  const XentLayout w = xent_layout(a.workspace, d.b, chunks);
+  if (!xent_stats(x, t, d.b, d.l, w, s)) return;
+  xent_grad_kernel<<<chunk_grid(d.b, chunks), kThreads, 0, s>>>(
+      x, t, a.out[0].as<float>(), d.b, d.l, w.pmax, w.psum, w.ptsum, grad_scale(a, d.b));
+  launched("xent_grad_kernel");
+}
+
+KernelVariant det(const char* op, KernelFn fn, WorkspaceFn ws) {
+  return KernelVariant{op, "cuda", fn, ws, true};
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::vector<KernelVariant> cuda_loss_kernels() {
+  using namespace cuda;
+  return {
+      det("bce_logits", flat_loss<Kind::bce>, flat_ws),
+      det("bce_logits_grad", flat_grad<Kind::bce>, nullptr),
+      det("squared_hinge", flat_loss<Kind::hinge>, flat_ws),
+      det("squared_hinge_grad", flat_grad<Kind::hinge>, nullptr),
+      det("softmax_xent", softmax_xent, xent_ws),
+      det("softmax_xent_grad", softmax_xent_grad, xent_ws),
+  };
+}
+
+}  // namespace pooch::kern

@@ -1,0 +1,191 @@
+// CUDA optimizer updates (docs/OPS.md, "Optimizer updates"), f32, in place.
+// The scalars (learning rate × the context's lr_scale, bias corrections at
+// t = the context's step) are formed on the host in double and rounded once,
+// and each element follows the CPU kernels' float sequence (torch.optim's).
+// Elements are independent: deterministic.
+//
+// The *_rows variants read the row count rows[0] on the device: blocks are
+// launched for the capacity R and those past n return at once.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace pooch::kern {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Sgd {
+  float lr, momentum, wd;
+};
+
+double scheduled_lr(const KernelAttrs& at, const KernelContext* ctx) {
+  return at.get("lr", 1e-3) * (ctx ? ctx->lr_scale : 1.0);
+}
+
+Sgd sgd_params(const KernelAttrs& at, const KernelContext* ctx) {
+  return {static_cast<float>(scheduled_lr(at, ctx)), static_cast<float>(at.get("momentum", 0.0)),
+          static_cast<float>(at.get("weight_decay", 0.0))};
+}
+
+struct Adam {
+  float beta1, one_m_beta1, beta2, one_m_beta2, eps, wd, decay, neg_step_size, bc2_sqrt;
+  int decoupled;
+};
+
+Adam adam_params(const KernelAttrs& at, const KernelContext* ctx) {
+  const double lr = scheduled_lr(at, ctx), b1 = at.get("beta1", 0.9), b2 = at.get("beta2", 0.999);
+  const double wd = at.get("weight_decay", 0.0);
+  // Step 0 would divide by 1 - beta^0 = 0: a context that has not counted a
+  // step yet is making the first update (as the reference).
+  const double t = static_cast<double>(ctx && ctx->step > 0 ? ctx->step : 1);
+  Adam p;
+  p.beta1 = static_cast<float>(b1);
+  p.one_m_beta1 = static_cast<float>(1.0 - b1);
+  p.beta2 = static_cast<float>(b2);
+  p.one_m_beta2 = static_cast<float>(1.0 - b2);
+  p.eps = static_cast<float>(at.get("eps", 1e-8));
+  p.wd = static_cast<float>(wd);
+  p.decay = static_cast<float>(1.0 - lr * wd);
+  p.decoupled = at.get("decoupled", 0.0) != 0.0;
+  p.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, t))));
+  p.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, t)));
+  return p;
+}
+
+__device__ __forceinline__ void sgd_one(const Sgd& p, float* w, const float* g, float* mom) {
+  if (p.momentum == 0.0f) {
+    *w = *w - p.lr * (*g + p.wd * *w);
+  } else {
+    const float m = p.momentum * *mom + (*g + p.wd * *w);
+    *mom = m;
+    *w = *w - p.lr * m;
+  }
+}
+
+__device__ __forceinline__ void adam_one(const Adam& p, float* w, const float* g, float* m,
+                                         float* v) {
+  float wi = *w, gi = *g;
+  if (p.decoupled)
+    wi = wi * p.decay;
+  else
+    gi = gi + p.wd * wi;
+  const float mi = *m * p.beta1 + p.one_m_beta1 * gi;
+  const float vi = *v * p.beta2 + p.one_m_beta2 * gi * gi;
+  const float denom = sqrtf(vi) / p.bc2_sqrt + p.eps;
+  *m = mi;
+  *v = vi;
+  *w = wi + p.neg_step_size * mi / denom;
+}
+
+#define POOCH_GRID_STRIDE(i, n)                                                   \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+__global__ void sgd_kernel(Sgd p, float* w, const float* g, float* mom, int64_t n) {
+  POOCH_GRID_STRIDE(i, n) sgd_one(p, w + i, g + i, mom + i);
+}
+
+__global__ void adam_kernel(Adam p, float* w, const float* g, float* m, float* v, int64_t n) {
+  POOCH_GRID_STRIDE(i, n) adam_one(p, w + i, g + i, m + i, v + i);
+}
+
+// rows[0] = n, clamped to [0, cap]; ids outside [0, F) are skipped (the
+// producer guarantees neither happens; a kernel must not write out of bounds).
+__device__ __forceinline__ int64_t listed_rows(const int32_t* rows, int64_t cap) {
+  const int64_t n = rows[0];
+  return n < 0 ? 0 : (n > cap ? cap : n);
+}
+
+__global__ void sgd_rows_kernel(Sgd p, float* w, const int32_t* rows, int64_t cap,
+                                const float* g, float* mom, int64_t F, int64_t O) {
+  const int64_t n = listed_rows(rows, cap);
+  for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
+    const int64_t r = rows[1 + i];
+    if (r < 0 || r >= F) continue;
+    for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < O;
+         o += int64_t{gridDim.x} * blockDim.x)
+      sgd_one(p, w + r * O + o, g + i * O + o, mom + r * O + o);
+  }
+}
+
+__global__ void adam_rows_kernel(Adam p, float* w, const int32_t* rows, int64_t cap,
+                                 const float* g, float* m, float* v, int64_t F, int64_t O) {
+  const int64_t n = listed_rows(rows, cap);
+  for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
+    const int64_t r = rows[1 + i];
+    if (r < 0 || r >= F) continue;
+    for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < O;
+         o += int64_t{gridDim.x} * blockDim.x)
+      adam_one(p, w + r * O + o, g + i * O + o, m + r * O + o, v + r * O + o);
+  }
+}
+
+void sgd_dense(const KernelArgs& a) {
+  if (!f32_only(a, "sgd_update")) return;
+  const int64_t n = a.in[0].numel();
+  if (n == 0) return;
+  sgd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(a)>>>(
+      sgd_params(a.attrs, a.ctx), a.in[0].as<float>(), a.in[1].as<const float>(),
+      a.in[2].as<float>(), n);
+  launched("sgd_kernel");
+}
+
+void adam_dense(const KernelArgs& a) {
+  if (!f32_only(a, "adam_update")) return;
+  const int64_t n = a.in[0].numel();
+  if (n == 0) return;
+  adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(a)>>>(
+      adam_params(a.attrs, a.ctx), a.in[0].as<float>(), a.in[1].as<const float>(),
+      a.in[2].as<float>(), a.in[3].as<float>(), n);
+  launched("adam_kernel");
+}
+
+struct RowsShape {
+  int64_t F, O, cap;
+};
+RowsShape rows_shape(const KernelArgs& a) {
+  const bool two = a.in[0].ndim == 2;
+  return {two ? a.in[0].shape[0] : 0, two ? a.in[0].shape[1] : 0, a.in[1].numel() - 1};
+}
+
+dim3 rows_grid(const RowsShape& s) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(s.O, kThreads), 1024)),
+              static_cast<unsigned>(std::min<int64_t>(s.cap, 65535)));
+}
+
+void sgd_rows(const KernelArgs& a) {
+  if (!f32_only(a, "sgd_update_rows")) return;
+  const RowsShape s = rows_shape(a);
+  if (s.cap <= 0 || s.O == 0 || s.F == 0) return;
+  sgd_rows_kernel<<<rows_grid(s), kThreads, 0, stream_of(a)>>>(
+      sgd_params(a.attrs, a.ctx), a.in[0].as<float>(), a.in[1].as<const int32_t>(), s.cap,
+      a.in[2].as<const float>(), a.in[3].as<float>(), s.F, s.O);
+  launched("sgd_rows_kernel");
+}
+
+void adam_rows(const KernelArgs& a) {
+  if (!f32_only(a, "adam_update_rows")) return;
+  const RowsShape s = rows_shape(a);
+  if (s.cap <= 0 || s.O == 0 || s.F == 0) return;
+  adam_rows_kernel<<<rows_grid(s), kThreads, 0, stream_of(a)>>>(
+      adam_params(a.attrs, a.ctx), a.in[0].as<float>(), a.in[1].as<const int32_t>(), s.cap,
+      a.in[2].as<const float>(), a.in[3].as<float>(), a.in[4].as<float>(), s.F, s.O);
+  launched("adam_rows_kernel");
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::vector<KernelVariant> cuda_optim_kernels() {
+  using namespace cuda;
+  return {
+      {"sgd_update", "cuda", sgd_dense, nullptr, true},
+      {"adam_update", "cuda", adam_dense, nullptr, true},
+      {"sgd_update_rows", "cuda", sgd_rows, nullptr, true},
+      {"adam_update_rows", "cuda", adam_rows, nullptr, true},
+  };
+}
+
+}  // namespace pooch::kern

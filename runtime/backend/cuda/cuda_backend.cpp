@@ -1,0 +1,573 @@
+#include "cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusparse.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "../../../kernels/cuda/cuda_kernels.h"
+#include "../../core/error.h"
+
+#ifndef POOCH_CUDA_ARCHS
+#define POOCH_CUDA_ARCHS "?"
+#endif
+
+// Every CUDA, cuBLAS and cuSPARSE call is checked; a failure becomes a
+// pooch::Error naming the call and the library's error string.
+#define POOCH_CUDA_CHECK(call) ::pooch::cuda::check_cuda((call), #call)
+#define POOCH_CUBLAS_CHECK(call) ::pooch::cuda::check_cublas((call), #call)
+#define POOCH_CUSPARSE_CHECK(call) ::pooch::cuda::check_cusparse((call), #call)
+
+namespace pooch {
+namespace cuda {
+
+namespace {
+
+constexpr size_t kAlignment = 256;
+constexpr double kMiB = 1024.0 * 1024.0;
+// Left free when the budget is taken from free memory: the CUDA context,
+// library kernels and other processes need some.
+constexpr size_t kMarginFixed = size_t{256} << 20;
+
+size_t mib_ceil(size_t bytes) {
+  return bytes / (1u << 20) + (bytes % (1u << 20) != 0 ? 1 : 0);
+}
+
+size_t round_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
+
+std::string cuda_error(cudaError_t e) {
+  return fmt::format("{} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+const char* stream_name(int i) {
+  static const char* const names[kNumStreams] = {"compute", "d2h", "h2d"};
+  return i >= 0 && i < kNumStreams ? names[i] : "?";
+}
+
+}  // namespace
+
+void check_cuda(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear a non-sticky error so later calls start clean
+  throw Error(POOCH_ERR_INTERNAL, fmt::format("cuda backend: {} failed: {}", call, cuda_error(e)));
+}
+
+void check_cublas(cublasStatus_t s, const char* call) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(POOCH_ERR_INTERNAL,
+              fmt::format("cuda backend: {} failed: {}", call, cublasGetStatusString(s)));
+}
+
+void check_cusparse(cusparseStatus_t s, const char* call) {
+  if (s == CUSPARSE_STATUS_SUCCESS) return;
+  throw Error(POOCH_ERR_INTERNAL,
+              fmt::format("cuda backend: {} failed: {}", call, cusparseGetErrorString(s)));
+}
+
+// The first failure of work queued on one stream since its last sync.
+struct Pending {
+  bool failed = false;
+  pooch_status code = POOCH_OK;
+  std::string message;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendParams& p);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  BackendCaps caps() const override;
+  MemoryInfo memory_info() const override;
+
+  void arena_reserve(size_t bytes) override;
+  std::byte* arena_base() const override { return arena_; }
+  void host_pool_reserve(size_t bytes) override;
+  std::byte* host_pool_base() const override { return pool_; }
+
+  EventId event_create() override;
+  void event_record(Stream s, EventId e) override;
+  void stream_wait(Stream s, EventId e) override;
+  void event_sync(EventId e) override;
+
+  void copy_async(Stream s, void* dst, const void* src, size_t n) override;
+  void launch(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args) override;
+  void stream_sync(Stream s) override;
+
+  std::span<const kern::KernelVariant> kernels() const override;
+
+ private:
+  void release() noexcept;
+  void bind() const { POOCH_CUDA_CHECK(cudaSetDevice(device_)); }
+  int index(Stream s, const char* call) const;
+  cudaEvent_t event(EventId e, const char* call) const;
+  void fail(int stream, pooch_status code, std::string message);
+  void warn(const std::string& message) const;
+  size_t arena_limit() const { return budget_ > cublas_ws_ ? budget_ - cublas_ws_ : 0; }
+
+  int device_ = 0;
+  std::string device_name_;
+  size_t budget_ = 0;
+  bool budget_from_free_ = false;
+  size_t cublas_ws_ = 0;  // cuBLAS workspace, allocated with the arena, after it
+  int threads_ = 1;
+  pooch_log_fn log_ = nullptr;
+  void* log_user_ = nullptr;
+
+  bool arena_reserved_ = false;
+  std::byte* arena_ = nullptr;  // the one cudaMalloc: arena, then cuBLAS's workspace
+  size_t arena_bytes_ = 0;
+  bool pool_reserved_ = false;
+  bool pool_pinned_ = false;
+  std::byte* pool_ = nullptr;
+  size_t pool_bytes_ = 0;
+
+  cudaStream_t streams_[kNumStreams] = {};
+  Pending pending_[kNumStreams];
+  std::vector<cudaEvent_t> events_;
+  cublasHandle_t cublas_ = nullptr;
+  cusparseHandle_t cusparse_ = nullptr;
+  int bound_stream_ = 0;  // the stream both handles are bound to
+  kern::cuda::LaunchEnv env_;
+};
+
+CudaBackend::CudaBackend(const CudaBackendParams& p)
+    : device_(p.device), budget_(p.device_budget), log_(p.log), log_user_(p.log_user) {
+  if (p.threads < 0)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cuda backend: threads is {}; pass a positive count, or 0 for all "
+                            "cores",
+                            p.threads));
+  threads_ = p.threads > 0 ? p.threads
+                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  try {
+    bind();
+    cudaDeviceProp prop{};
+    POOCH_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    device_name_ = prop.name;
+    // NVIDIA's recommendation for cuBLAS's workspace: 32 MiB on Hopper and
+    // newer, 4 MiB before.
+    cublas_ws_ = prop.major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
+    for (cudaStream_t& s : streams_)
+      POOCH_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    POOCH_CUBLAS_CHECK(cublasCreate(&cublas_));
+    POOCH_CUBLAS_CHECK(cublasSetStream(cublas_, streams_[0]));
+    POOCH_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
+    // Full f32 GEMMs (no TF32): the kernels are checked against f64 references.
+    POOCH_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    POOCH_CUSPARSE_CHECK(cusparseCreate(&cusparse_));
+    POOCH_CUSPARSE_CHECK(cusparseSetStream(cusparse_, streams_[0]));
+    if (budget_ == 0) {
+      size_t free = 0, total = 0;
+      POOCH_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+      const size_t margin = kMarginFixed + total / 100;
+      budget_ = free > margin ? free - margin : 0;
+      budget_from_free_ = true;
+    }
+    env_.cublas = cublas_;
+    env_.cusparse = cusparse_;
+    env_.device = device_;
+    env_.sm_count = prop.multiProcessorCount;
+    kern::cuda::set_query_env(&env_);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  release();
+}
+
+void CudaBackend::release() noexcept {
+  kern::cuda::release_query_env(&env_);
+  if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
+  // Queued work may still touch the arena and the pool: it finishes first.
+  // Errors are ignored here; they were (or can no longer be) reported.
+  for (cudaStream_t s : streams_)
+    if (s) (void)cudaStreamSynchronize(s);
+  if (cusparse_) (void)cusparseDestroy(cusparse_);
+  if (cublas_) (void)cublasDestroy(cublas_);
+  cusparse_ = nullptr;
+  cublas_ = nullptr;
+  for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+  events_.clear();
+  for (cudaStream_t& s : streams_) {
+    if (s) (void)cudaStreamDestroy(s);
+    s = nullptr;
+  }
+  if (arena_) (void)cudaFree(arena_);
+  arena_ = nullptr;
+  if (pool_) {
+    if (pool_pinned_)
+      (void)cudaFreeHost(pool_);
+    else
+      std::free(pool_);
+  }
+  pool_ = nullptr;
+  (void)cudaGetLastError();
+}
+
+void CudaBackend::warn(const std::string& message) const {
+  if (log_)
+    log_(log_user_, POOCH_LOG_WARN, message.c_str());
+  else
+    std::fprintf(stderr, "pooch: warning: %s\n", message.c_str());
+}
+
+BackendCaps CudaBackend::caps() const {
+  BackendCaps c;
+  c.async_copies = true;
+  c.host_is_device = false;
+  c.alignment = kAlignment;
+  return c;
+}
+
+MemoryInfo CudaBackend::memory_info() const {
+  bind();
+  MemoryInfo m;
+  POOCH_CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  m.budget = arena_limit();
+  m.arena_bytes = arena_bytes_;
+  m.host_pool_bytes = pool_bytes_;
+  m.host_pool_pinned = pool_pinned_;
+  return m;
+}
+
+void CudaBackend::arena_reserve(size_t bytes) {
+  if (arena_reserved_)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cuda backend: the arena is already reserved ({} bytes) and a backend "
+                            "takes it once; reserve the plan's peak a single time, or create a "
+                            "new backend for a different size",
+                            arena_bytes_));
+  const size_t limit = arena_limit();
+  if (bytes > limit)
+    throw Error(
+        POOCH_ERR_OUT_OF_BUDGET,
+        fmt::format("the arena needs {} bytes ({} MiB) of device memory but the cuda device "
+                    "budget leaves {} bytes ({:.2f} MiB) for it ({} budget {:.2f} MiB, less "
+                    "{} MiB for cuBLAS's workspace); {}",
+                    bytes, mib_ceil(bytes), limit, static_cast<double>(limit) / kMiB,
+                    budget_from_free_ ? "the free memory's" : "a", static_cast<double>(budget_) / kMiB,
+                    cublas_ws_ >> 20,
+                    budget_from_free_
+                        ? "free device memory (other processes hold some), or lower the batch "
+                          "size so the planner needs less"
+                        : fmt::format("raise --device-memory to at least {} MiB",
+                                      mib_ceil(bytes + cublas_ws_))));
+  bind();
+  const size_t arena_part = round_up(std::max<size_t>(bytes, 1), kAlignment);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, arena_part + cublas_ws_);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) (void)cudaGetLastError();
+    throw Error(POOCH_ERR_OUT_OF_BUDGET,
+                fmt::format("cuda backend: cudaMalloc of {} bytes ({:.2f} MiB: the arena and "
+                            "{} MiB for cuBLAS) on {} failed: {}; {:.2f} MiB of {:.2f} MiB are "
+                            "free. Free device memory, or lower --device-memory so the planner "
+                            "swaps more to the host",
+                            arena_part + cublas_ws_,
+                            static_cast<double>(arena_part + cublas_ws_) / kMiB, cublas_ws_ >> 20,
+                            device_name_, cuda_error(e), static_cast<double>(free) / kMiB,
+                            static_cast<double>(total) / kMiB));
+  }
+  arena_ = static_cast<std::byte*>(p);
+  try {
+    POOCH_CUBLAS_CHECK(cublasSetWorkspace(cublas_, arena_ + arena_part, cublas_ws_));
+  } catch (...) {
+    (void)cudaFree(arena_);
+    arena_ = nullptr;
+    throw;
+  }
+  arena_bytes_ = bytes;
+  arena_reserved_ = true;
+}
+
+void CudaBackend::host_pool_reserve(size_t bytes) {
+  if (pool_reserved_)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cuda backend: the host pool is already reserved ({} bytes) and a "
+                            "backend takes it once; reserve the planned size a single time",
+                            pool_bytes_));
+  bind();
+  // At least one byte, so that even an empty plan gets a base that is not null.
+  const size_t n = round_up(std::max<size_t>(bytes, 1), kAlignment);
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocPortable);
+  if (e == cudaSuccess) {
+    pool_pinned_ = true;
+  } else {
+    (void)cudaGetLastError();
+    warn(fmt::format("cuda backend: pinning {:.2f} MiB of host memory for the host pool failed "
+                     "({}); using pageable memory, so copies to and from the device will be "
+                     "slower and will not overlap compute. Raise the locked-memory limit "
+                     "(ulimit -l) or free host memory",
+                     static_cast<double>(n) / kMiB, cuda_error(e)));
+    p = std::aligned_alloc(kAlignment, n);
+    if (p == nullptr)
+      throw Error(POOCH_ERR_OUT_OF_MEMORY,
+                  fmt::format("the cuda backend could not take {} bytes ({:.2f} MiB) of host "
+                              "memory for its host pool. Free host memory, or use a smaller "
+                              "batch size so fewer activations are swapped",
+                              n, static_cast<double>(n) / kMiB));
+    pool_pinned_ = false;
+  }
+  pool_ = static_cast<std::byte*>(p);
+  pool_bytes_ = bytes;
+  pool_reserved_ = true;
+}
+
+int CudaBackend::index(Stream s, const char* call) const {
+  const int i = static_cast<int>(s);
+  if (i < 0 || i >= kNumStreams)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cuda backend {}: stream {} does not exist (compute=0, d2h=1, h2d=2)",
+                            call, i));
+  return i;
+}
+
+cudaEvent_t CudaBackend::event(EventId e, const char* call) const {
+  if (e < 0 || static_cast<size_t>(e) >= events_.size())
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cuda backend {}: event {} was never created ({} exist); create "
+                            "events with event_create while planning",
+                            call, e, events_.size()));
+  return events_[static_cast<size_t>(e)];
+}
+
+void CudaBackend::fail(int stream, pooch_status code, std::string message) {
+  Pending& p = pending_[stream];
+  if (p.failed) return;
+  p.failed = true;
+  p.code = code;
+  p.message = std::move(message);
+}
+
+EventId CudaBackend::event_create() {
+  bind();
+  cudaEvent_t e = nullptr;
+  POOCH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  try {
+    events_.push_back(e);
+  } catch (...) {
+    (void)cudaEventDestroy(e);
+    throw;
+  }
+  return static_cast<EventId>(events_.size() - 1);
+}
+
+// Records and waits go through even while a stream has a pending failure, so
+// other streams and the host never wait on a record that was skipped.
+void CudaBackend::event_record(Stream s, EventId e) {
+  const int i = index(s, "event_record");
+  const cudaEvent_t ev = event(e, "event_record");
+  bind();
+  const cudaError_t err = cudaEventRecord(ev, streams_[i]);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(i, POOCH_ERR_INTERNAL,
+         fmt::format("cudaEventRecord(event {}) on the {} stream failed: {}", e, stream_name(i),
+                     cuda_error(err)));
+  }
+}
+
+void CudaBackend::stream_wait(Stream s, EventId e) {
+  const int i = index(s, "stream_wait");
+  const cudaEvent_t ev = event(e, "stream_wait");
+  bind();
+  // As on the CPU backend, an event nobody recorded yet waits for nothing.
+  const cudaError_t err = cudaStreamWaitEvent(streams_[i], ev, 0);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(i, POOCH_ERR_INTERNAL,
+         fmt::format("cudaStreamWaitEvent(event {}) on the {} stream failed: {}", e,
+                     stream_name(i), cuda_error(err)));
+  }
+}
+
+void CudaBackend::event_sync(EventId e) {
+  const cudaEvent_t ev = event(e, "event_sync");
+  bind();
+  const cudaError_t err = cudaEventSynchronize(ev);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(POOCH_ERR_INTERNAL,
+                fmt::format("cuda backend: cudaEventSynchronize(event {}) failed: {}; work "
+                            "queued before the event's record failed",
+                            e, cuda_error(err)));
+  }
+}
+
+void CudaBackend::copy_async(Stream s, void* dst, const void* src, size_t n) {
+  const int i = index(s, "copy_async");
+  if (n != 0) {
+    if (dst == nullptr || src == nullptr)
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("cuda backend copy_async: a copy of {} bytes on the {} stream has a "
+                              "null {} pointer",
+                              n, stream_name(i), dst == nullptr ? "destination" : "source"));
+    // Unified addressing: device and host pointers share one address space.
+    const auto d = reinterpret_cast<uintptr_t>(dst);
+    const auto r = reinterpret_cast<uintptr_t>(src);
+    if (d < r + n && r < d + n)
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("cuda backend copy_async: a copy of {} bytes on the {} stream has "
+                              "overlapping source and destination",
+                              n, stream_name(i)));
+  }
+  if (n == 0 || pending_[i].failed) return;
+  bind();
+  const cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[i]);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(i, POOCH_ERR_INTERNAL,
+         fmt::format("a task on the {} stream failed: cudaMemcpyAsync({} bytes) failed: {}",
+                     stream_name(i), n, cuda_error(err)));
+  }
+}
+
+void CudaBackend::launch(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args) {
+  const int i = index(s, "launch");
+  if (k.fn == nullptr)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cuda backend launch: kernel '{}' (variant '{}') has no function",
+                            k.op ? k.op : "?", k.variant ? k.variant : "?"));
+  if (pending_[i].failed) return;  // it would work on garbage
+  bind();
+  if (i != bound_stream_) {
+    POOCH_CUBLAS_CHECK(cublasSetStream(cublas_, streams_[i]));
+    POOCH_CUSPARSE_CHECK(cusparseSetStream(cusparse_, streams_[i]));
+    bound_stream_ = i;
+  }
+  kern::KernelArgs a = args;  // a copy on the stack: the launcher runs now
+  a.stream = streams_[i];
+  env_.failed = false;
+  env_.error[0] = '\0';
+  const auto where = [&] {
+    return fmt::format("kernel '{}' (variant '{}') on the {} stream failed: ", k.op ? k.op : "?",
+                       k.variant ? k.variant : "?", stream_name(i));
+  };
+  {
+    kern::cuda::ScopedLaunchEnv scope(&env_);
+    try {
+      k.fn(a);
+    } catch (const Error& e) {
+      fail(i, e.code(), where() + e.what());
+    } catch (const std::bad_alloc&) {
+      fail(i, POOCH_ERR_OUT_OF_MEMORY, where() + "out of host memory");
+    } catch (const std::exception& e) {
+      fail(i, POOCH_ERR_INTERNAL, where() + e.what());
+    } catch (...) {
+      fail(i, POOCH_ERR_INTERNAL, where() + "an exception that is not a std::exception");
+    }
+  }
+  if (env_.failed) fail(i, POOCH_ERR_INTERNAL, where() + env_.error);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) fail(i, POOCH_ERR_INTERNAL, where() + cuda_error(err));
+}
+
+void CudaBackend::stream_sync(Stream s) {
+  const int i = index(s, "stream_sync");
+  bind();
+  const cudaError_t err = cudaStreamSynchronize(streams_[i]);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  Pending& p = pending_[i];
+  if (p.failed) {
+    p.failed = false;
+    const pooch_status code = p.code;
+    std::string message = std::move(p.message);
+    p.message.clear();
+    throw Error(code, std::move(message));
+  }
+  if (err != cudaSuccess)
+    throw Error(POOCH_ERR_INTERNAL,
+                fmt::format("cuda backend: work queued on the {} stream failed: "
+                            "cudaStreamSynchronize returned {}",
+                            stream_name(i), cuda_error(err)));
+}
+
+std::span<const kern::KernelVariant> CudaBackend::kernels() const {
+  return kern::cuda_kernels();
+}
+
+}  // namespace cuda
+
+bool cuda_device_available(std::string* why, int device) {
+  auto no = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  try {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      int runtime = 0;
+      (void)cudaRuntimeGetVersion(&runtime);
+      if (e == cudaErrorInsufficientDriver)
+        return no(fmt::format("no CUDA driver ({}): no NVIDIA driver is loaded, or it is older "
+                              "than this build's CUDA runtime {}.{} needs",
+                              cuda::cuda_error(e), runtime / 1000, runtime % 1000 / 10));
+      if (e == cudaErrorNoDevice) return no(fmt::format("no CUDA device ({})", cuda::cuda_error(e)));
+      return no(fmt::format("the CUDA runtime could not count devices ({})", cuda::cuda_error(e)));
+    }
+    if (count <= 0) return no("no CUDA device (the driver reports none)");
+    if (device < 0 || device >= count)
+      return no(fmt::format("CUDA device {} requested, but this machine has {} (0 to {})", device,
+                            count, count - 1));
+    cudaDeviceProp prop{};
+    if (const cudaError_t pe = cudaGetDeviceProperties(&prop, device); pe != cudaSuccess) {
+      (void)cudaGetLastError();
+      return no(fmt::format("CUDA device {} cannot be queried ({})", device, cuda::cuda_error(pe)));
+    }
+    int prev = 0;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = device;
+    if (const cudaError_t se = cudaSetDevice(device); se != cudaSuccess) {
+      (void)cudaGetLastError();
+      return no(fmt::format("CUDA device {} ({}) cannot be used ({})", device, prop.name,
+                            cuda::cuda_error(se)));
+    }
+    const auto image = static_cast<cudaError_t>(kern::cuda::kernel_image_status());
+    if (prev != device) (void)cudaSetDevice(prev);
+    (void)cudaGetLastError();
+    if (image == cudaErrorNoKernelImageForDevice || image == cudaErrorInvalidDeviceFunction)
+      return no(fmt::format("CUDA device {} ({}) is compute capability {}.{}, and this build has "
+                            "device code for sm {} only; rebuild with -Dcuda-arch={}{}",
+                            device, prop.name, prop.major, prop.minor, POOCH_CUDA_ARCHS,
+                            prop.major, prop.minor));
+    if (image != cudaSuccess)
+      return no(fmt::format("CUDA device {} ({}) cannot run this build's kernels ({})", device,
+                            prop.name, cuda::cuda_error(image)));
+    return true;
+  } catch (const std::exception& ex) {  // fmt or std::string running out of memory
+    return no(ex.what());
+  }
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendParams& p) {
+  std::string why;
+  if (!cuda_device_available(&why, p.device))
+    throw Error(POOCH_ERR_NO_DEVICE,
+                fmt::format("the CUDA backend is not available: {}; use the CPU backend "
+                            "(--device cpu) instead",
+                            why));
+  return std::make_unique<cuda::CudaBackend>(p);
+}
+
+}  // namespace pooch

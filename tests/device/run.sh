@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# tests/device/run.sh — the one-call check of the CUDA backend on a lent GPU
+# machine (read /work/.library/device/README.md). It runs binaries built on
+# the build machine by tests/device/build.sh and carried as build-device/dist:
+# nothing is built or installed here.
+#
+#   1. the machine: GPU, driver, OS                     (env.txt)
+#   2. finds the CUDA 13 libraries (runtime, cuBLAS, cuSPARSE, nvJitLink; cuDNN
+#      too, for later convolution kernels) and
+#      says within seconds if the binaries cannot start: ldd, then
+#      `pooch-opcheck --list` under a 10 s timeout    (opcheck_list.txt)
+#   3. test_cuda_backend: arena, streams, events, copies, budget, errors
+#   4. pooch-opcheck --backend cuda: every CUDA kernel against kernels/ref
+#   5. pooch-bench-cuda: the fixed fan-in head at 670091 labels, fan-in 32, and
+#      the rest of the XMC head: time, bytes moved against the measured copy
+#      bandwidth, spot checks                           (bench.txt)
+#   6. compute-sanitizer memcheck on the benchmark's small shapes, if there is
+#      time and the tool works on this machine
+# A report goes to "$OUT" (summary.txt and one log per step), and a short
+# table is printed last. Under 8 minutes in all (each step has a timeout).
+#
+# usage (device tool): carry ["build-device/dist"], command
+#   bash tests/device/run.sh
+# Exit status: 0 all passed, 1 a check failed, 2 the binaries are missing,
+# 3 the binaries cannot start here.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+DIST=${POOCH_DIST:-build-device/dist}
+BIN=$DIST/bin
+T0=$(date +%s)
+BUDGET=470  # seconds for the whole script, leaving room under 8 minutes
+STATUS=0
+ROWS=()
+
+elapsed() { echo $(($(date +%s) - T0)); }
+left() { echo $((BUDGET - $(elapsed))); }
+row() { ROWS+=("$(printf '%-20s %-9s %s' "$1" "$2" "$3")"); }
+say() { echo "run.sh [$(elapsed)s] $*"; }
+
+finish() {
+  {
+    echo "pooch device check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(elapsed) s"
+    [ -f "$DIST/BUILD.txt" ] && head -n 1 "$DIST/BUILD.txt"
+    head -n 1 "$OUT/env.txt" 2>/dev/null
+    echo
+    for r in "${ROWS[@]}"; do echo "$r"; done
+  } > "$OUT/summary.txt"
+  echo
+  if [ -f "$OUT/bench.txt" ]; then
+    sed -n '/^kernel /,/^bench:/p' "$OUT/bench.txt"
+    echo
+  fi
+  cat "$OUT/summary.txt"
+  exit "${1:-$STATUS}"
+}
+
+if [ ! -x "$BIN/pooch-opcheck" ]; then
+  say "no binaries in $BIN: run tests/device/build.sh on the build machine and carry build-device/dist"
+  row "binaries" "MISSING" "$BIN/pooch-opcheck"
+  finish 2
+fi
+
+# ---- 1. the machine ------------------------------------------------------------
+{
+  timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
+    --format=csv,noheader 2>&1 || echo "nvidia-smi failed"
+  timeout 10 nvidia-smi 2>&1 | head -n 20
+  uname -srm
+  grep -E '^(PRETTY_NAME)=' /etc/os-release 2>/dev/null
+  ldd --version 2>&1 | head -n 1
+} > "$OUT/env.txt" 2>&1
+say "GPU: $(head -n 1 "$OUT/env.txt")"
+
+# ---- 2. libraries, and whether the binaries start ----------------------------------
+# The loader finds what ldconfig knows; otherwise the toolkit's folders, then
+# the Python packages' (nvidia-cublas etc. beside PyTorch).
+SEARCH=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64
+        /usr/local/cuda-13*/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu
+        /usr/local/lib)
+SITE=$(timeout 10 python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+LIBDIRS=()
+{
+  echo "== libraries"
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcusparse.so.12 libnvJitLink.so.13 \
+             libcudnn.so.9; do
+    if ldconfig -p 2>/dev/null | grep -q " $lib "; then
+      echo "$lib: $(ldconfig -p | grep " $lib " | head -n 1 | sed 's/.*=> //') (ldconfig)"
+      continue
+    fi
+    found=""
+    for d in "${SEARCH[@]}"; do
+      if [ -e "$d/$lib" ]; then found=$d; break; fi
+    done
+    if [ -z "$found" ]; then
+      while read -r s; do
+        [ -d "$s/nvidia" ] || continue
+        p=$(find "$s/nvidia" -name "$lib" -print -quit 2>/dev/null)
+        if [ -n "$p" ]; then found=$(dirname "$p"); break; fi
+      done <<< "$SITE"
+    fi
+    echo "$lib: ${found:-NOT FOUND}"
+    [ -n "$found" ] && LIBDIRS+=("$found")
+  done
+} >> "$OUT/env.txt"
+LD=$(realpath "$DIST/lib")
+for d in "${LIBDIRS[@]}"; do
+  case ":$LD:" in *":$d:"*) ;; *) LD=$LD:$d ;; esac
+done
+export LD_LIBRARY_PATH=$LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$OUT/env.txt"
+
+missing=""
+for b in "$BIN"/*; do
+  echo "== ldd $(basename "$b")" >> "$OUT/env.txt"
+  ldd "$b" >> "$OUT/env.txt" 2>&1
+  m=$(ldd "$b" 2>&1 | grep 'not found' | awk '{print $1}' | sort -u | tr '\n' ' ')
+  [ -n "$m" ] && missing="$missing $(basename "$b"): $m"
+done
+if [ -n "$missing" ]; then
+  say "libraries not found:$missing"
+  row "start" "FAIL" "libraries not found:$missing"
+  finish 3
+fi
+timeout 10 "$BIN/pooch-opcheck" --list > "$OUT/opcheck_list.txt" 2>&1
+rc=$?
+# A C++ runtime older than the build machine's: use the one build.sh carried.
+if [ $rc -ne 0 ] && grep -qE 'GLIBCXX_|CXXABI_|GCC_[0-9]' "$OUT/opcheck_list.txt" &&
+   [ -d "$DIST/lib-fallback" ]; then
+  say "this machine's libstdc++ is older than the build's; using the carried one"
+  LD_LIBRARY_PATH=$(realpath "$DIST/lib-fallback"):$LD_LIBRARY_PATH
+  export LD_LIBRARY_PATH
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH (with the carried libstdc++)" >> "$OUT/env.txt"
+  timeout 10 "$BIN/pooch-opcheck" --list > "$OUT/opcheck_list.txt" 2>&1
+  rc=$?
+fi
+if [ $rc -ne 0 ]; then
+  say "pooch-opcheck --list failed (exit $rc): the binaries do not start here"
+  tail -n 5 "$OUT/opcheck_list.txt"
+  row "start" "FAIL" "pooch-opcheck --list exit $rc (see opcheck_list.txt)"
+  finish 3
+fi
+cuda_listed=$(grep -c '^  cuda: ' "$OUT/opcheck_list.txt")
+row "start" "ok" "binaries start; opcheck lists $cuda_listed ops with a cuda line"
+say "binaries start"
+
+# ---- 3. backend unit tests ------------------------------------------------------
+timeout 60 "$BIN/test_cuda_backend" > "$OUT/test_cuda_backend.txt" 2>&1
+rc=$?
+passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/test_cuda_backend.txt" | grep -oE '[0-9]+$')
+skipped=$(grep -oE '\[  SKIPPED \] [0-9]+ test' "$OUT/test_cuda_backend.txt" | grep -oE '[0-9]+')
+failed=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/test_cuda_backend.txt" | sed 's/\[  FAILED  \] //' | tr '\n' ' ')
+if [ $rc -eq 0 ]; then
+  row "test_cuda_backend" "ok" "${passed:-0} passed, ${skipped:-0} skipped"
+else
+  STATUS=1
+  row "test_cuda_backend" "FAIL" "exit $rc; failed: ${failed:-?}"
+fi
+say "test_cuda_backend exit $rc"
+
+# ---- 4. the kernel checker on CUDA ---------------------------------------------------
+t=$(( $(left) - 200 ))
+[ $t -gt 240 ] && t=240
+if [ $t -lt 30 ]; then
+  row "opcheck cuda" "SKIP" "no time left"
+else
+  timeout $t "$BIN/pooch-opcheck" --backend cuda > "$OUT/opcheck_cuda.txt" 2>&1
+  rc=$?
+  totals=$(grep -E '^opcheck: ' "$OUT/opcheck_cuda.txt" | tail -n 1)
+  case $rc in
+    0) row "opcheck cuda" "ok" "${totals#opcheck: }" ;;
+    77) row "opcheck cuda" "SKIP" "$(grep -m1 skipped "$OUT/opcheck_cuda.txt")" ;;
+    124) STATUS=1; row "opcheck cuda" "TIMEOUT" "after ${t}s; $(grep -c '^PASS' "$OUT/opcheck_cuda.txt") passed so far" ;;
+    *) STATUS=1; row "opcheck cuda" "FAIL" "exit $rc; ${totals#opcheck: }" ;;
+  esac
+  # The first failing checks, a row each (process substitution keeps row()
+  # in this shell).
+  if [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ $rc -ne 124 ]; then
+    while read -r l; do row "" "" "$l"; done < <(grep -E '^FAIL|crashed' "$OUT/opcheck_cuda.txt" | head -n 12 | cut -c1-160)
+  fi
+  say "opcheck exit $rc"
+fi
+
+# ---- 5. benchmarks ------------------------------------------------------------------
+t=$(( $(left) - 60 ))
+[ $t -gt 180 ] && t=180
+if [ $t -lt 30 ]; then
+  row "bench" "SKIP" "no time left"
+else
+  timeout $t "$BIN/pooch-bench-cuda" --out "$OUT/bench.txt" > "$OUT/bench_log.txt" 2>&1
+  rc=$?
+  case $rc in
+    0) row "bench" "ok" "$(grep -m1 '^copy:' "$OUT/bench_log.txt")" ;;
+    77) STATUS=1; row "bench" "NO GPU" "$(grep -m1 skipped "$OUT/bench_log.txt")" ;;
+    124) STATUS=1; row "bench" "TIMEOUT" "after ${t}s (bench_log.txt has what ran)" ;;
+    *) STATUS=1; row "bench" "FAIL" "exit $rc; $(grep -m1 -E 'FAIL|bench:' "$OUT/bench_log.txt" | cut -c1-140)" ;;
+  esac
+  say "bench exit $rc"
+fi
+
+# ---- 6. memory checker on small shapes ------------------------------------------------
+t=$(( $(left) - 5 ))
+[ $t -gt 90 ] && t=90
+SANITIZER=$(command -v compute-sanitizer)
+if [ -z "$SANITIZER" ]; then
+  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer; do
+    if [ -x "$c" ]; then SANITIZER=$c; break; fi
+  done
+fi
+if [ -z "$SANITIZER" ]; then
+  row "memcheck" "SKIP" "compute-sanitizer not found"
+elif [ $t -lt 30 ]; then
+  row "memcheck" "SKIP" "no time left"
+else
+  timeout $t "$SANITIZER" --tool memcheck --leak-check no --error-exitcode 9 \
+    "$BIN/pooch-bench-cuda" --quick > "$OUT/memcheck.txt" 2>&1
+  rc=$?
+  errs=$(grep -m1 -E 'ERROR SUMMARY' "$OUT/memcheck.txt")
+  case $rc in
+    0) row "memcheck" "ok" "${errs:-no errors} (bench --quick)" ;;
+    77) row "memcheck" "SKIP" "no CUDA device" ;;
+    9) STATUS=1; row "memcheck" "FAIL" "$errs; $(grep -m1 -E 'Invalid|out of bounds|Address' "$OUT/memcheck.txt" | cut -c1-120)" ;;
+    124) row "memcheck" "TIMEOUT" "after ${t}s (slow under the tool; not a failure)" ;;
+    *) if grep -qiE 'not supported|LibraryNotLoaded|error 999' "$OUT/memcheck.txt"; then
+         row "memcheck" "SKIP" "the tool does not work on this machine"
+       else
+         STATUS=1; row "memcheck" "FAIL" "exit $rc; $errs"
+       fi ;;
+  esac
+fi
+
+finish

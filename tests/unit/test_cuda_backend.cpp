@@ -1,0 +1,327 @@
+// The CUDA backend. Without a usable GPU (CI, this build machine) the
+// "NoDevice" tests check the clean refusal: cuda_device_available says why,
+// make_cuda_backend throws POOCH_ERR_NO_DEVICE, nothing crashes. With a GPU
+// those skip and the device tests run: arena, pool, streams, events, copies,
+// kernel launches, error reporting and the budget.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/ref/ref_kernels.h"
+#include "runtime/backend/cuda/cuda_backend.h"
+#include "runtime/core/error.h"
+
+namespace pooch {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+#define SKIP_WITHOUT_DEVICE()                                      \
+  do {                                                             \
+    std::string why_;                                              \
+    if (!cuda_device_available(&why_)) GTEST_SKIP() << why_;       \
+  } while (0)
+
+// ---- without a device --------------------------------------------------------
+
+TEST(CudaBackendNoDevice, AvailabilitySaysWhyAndNeverThrows) {
+  std::string why;
+  bool ok = true;
+  EXPECT_NO_THROW(ok = cuda_device_available(&why));
+  if (ok) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_FALSE(why.empty());
+  EXPECT_NE(why.find("CUDA"), std::string::npos) << why;
+  // The reason names the runtime's error (cudaErrorInsufficientDriver on a
+  // machine with the toolkit but no driver).
+  EXPECT_NE(why.find("cudaError"), std::string::npos) << why;
+  // Asking again, or without a string, gives the same answer.
+  EXPECT_FALSE(cuda_device_available(nullptr));
+  std::string again;
+  EXPECT_FALSE(cuda_device_available(&again));
+  EXPECT_EQ(why, again);
+}
+
+TEST(CudaBackendNoDevice, MakeThrowsNoDeviceWithTheReason) {
+  std::string why;
+  if (cuda_device_available(&why)) GTEST_SKIP() << "a CUDA device is present";
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a failed start leaves nothing behind
+    try {
+      CudaBackendParams p;
+      p.device_budget = 64 * kMiB;
+      (void)make_cuda_backend(p);
+      FAIL() << "make_cuda_backend succeeded without a device";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), POOCH_ERR_NO_DEVICE);
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(why), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--device cpu"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(CudaBackend, DeviceIndexOutOfRangeIsRefused) {
+  std::string why;
+  EXPECT_FALSE(cuda_device_available(&why, 4096));
+  EXPECT_FALSE(why.empty());
+  EXPECT_FALSE(cuda_device_available(&why, -1));
+  CudaBackendParams p;
+  p.device = 4096;
+  try {
+    (void)make_cuda_backend(p);
+    FAIL() << "device 4096 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_NO_DEVICE) << e.what();
+  }
+}
+
+// The kernel table is host data: checked with or without a device.
+TEST(CudaKernels, TableIsWellFormedAndCoversEveryReferenceOp) {
+  const auto& table = kern::cuda_kernels();
+  ASSERT_FALSE(table.empty());
+  std::set<std::pair<std::string, std::string>> seen;
+  std::set<std::string> ops, deterministic_ops;
+  for (const kern::KernelVariant& k : table) {
+    ASSERT_NE(k.op, nullptr);
+    ASSERT_NE(k.variant, nullptr);
+    EXPECT_NE(k.fn, nullptr) << k.op;
+    EXPECT_TRUE(seen.emplace(k.op, k.variant).second) << k.op << "/" << k.variant << " twice";
+    ops.insert(k.op);
+    if (k.deterministic) deterministic_ops.insert(k.op);
+  }
+  for (const kern::KernelVariant& r : kern::ref_kernels()) {
+    EXPECT_TRUE(ops.count(r.op)) << "no CUDA kernel for " << r.op;
+    EXPECT_TRUE(deterministic_ops.count(r.op)) << "no deterministic CUDA kernel for " << r.op;
+  }
+  // The scatter with atomics is the one nondeterministic variant.
+  bool atomic = false;
+  for (const kern::KernelVariant& k : table)
+    if (std::string(k.op) == "ffi_grad_input" && std::string(k.variant) == "atomic") {
+      atomic = true;
+      EXPECT_FALSE(k.deterministic);
+    }
+  EXPECT_TRUE(atomic);
+}
+
+// Workspace functions run while planning, possibly with no backend (and no
+// device): they must answer, not crash, with null data pointers.
+TEST(CudaKernels, WorkspaceQueriesWorkWithoutABackend) {
+  kern::KernelArgs a;
+  auto set = [](kern::TensorView& v, DType dt, std::vector<int64_t> shape) {
+    v.data = nullptr;
+    v.dtype = dt;
+    v.ndim = static_cast<int>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) v.shape[i] = shape[i];
+  };
+  // ffi_grad_input at the paper's shape: B=32, H=65536, L=670091, K=32.
+  a.n_in = 3;
+  a.n_out = 1;
+  set(a.in[0], DType::f32, {32, 670091});
+  set(a.in[1], DType::u16, {670091, 32});
+  set(a.in[2], DType::f32, {670091, 32});
+  set(a.out[0], DType::f32, {32, 65536});
+  for (const kern::KernelVariant& k : kern::cuda_kernels())
+    if (std::string(k.op) == "ffi_grad_input" && k.workspace) {
+      const size_t ws = k.workspace(a);
+      EXPECT_GE(ws, size_t{65536} * 32 * sizeof(float)) << k.variant;
+    }
+}
+
+// ---- with a device -----------------------------------------------------------
+
+std::unique_ptr<Backend> backend_with(size_t arena, size_t pool, size_t budget = 0) {
+  CudaBackendParams p;
+  p.device_budget = budget;
+  auto b = make_cuda_backend(p);
+  b->arena_reserve(arena);
+  b->host_pool_reserve(pool);
+  return b;
+}
+
+TEST(CudaBackend, ReportsItselfAndItsMemory) {
+  SKIP_WITHOUT_DEVICE();
+  auto b = backend_with(kMiB + 3, 2 * kMiB);
+  EXPECT_STREQ(b->name(), "cuda");
+  const BackendCaps c = b->caps();
+  EXPECT_FALSE(c.host_is_device);
+  EXPECT_TRUE(c.async_copies);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->arena_base()) % c.alignment, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->host_pool_base()) % c.alignment, 0u);
+  const MemoryInfo m = b->memory_info();
+  EXPECT_GT(m.total, 0u);
+  EXPECT_LE(m.free, m.total);
+  EXPECT_GT(m.budget, 0u);
+  EXPECT_EQ(m.arena_bytes, kMiB + 3);
+  EXPECT_EQ(m.host_pool_bytes, 2 * kMiB);
+  EXPECT_FALSE(b->kernels().empty());
+  EXPECT_NE(b->find_kernel("ffi_linear"), nullptr);
+  EXPECT_NE(b->find_kernel("ffi_grad_input", {}, true), nullptr);
+  EXPECT_TRUE(b->find_kernel("ffi_grad_input", {}, true)->deterministic);
+}
+
+TEST(CudaBackend, CopiesRoundTripThroughTheArena) {
+  SKIP_WITHOUT_DEVICE();
+  constexpr size_t n = 3 * kMiB + 17;
+  auto b = backend_with(2 * n, 2 * n);
+  std::byte* host = b->host_pool_base();
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<std::byte>((i * 131) & 0xFF);
+  std::memset(host + n, 0, n);
+  const EventId up = b->event_create();
+  // host -> arena (h2d), arena -> arena (compute), arena -> host (d2h), each
+  // hop ordered by an event only.
+  b->copy_async(Stream::h2d, b->arena_base(), host, n);
+  b->event_record(Stream::h2d, up);
+  b->stream_wait(Stream::compute, up);
+  b->copy_async(Stream::compute, b->arena_base() + n, b->arena_base(), n);
+  const EventId moved = b->event_create();
+  b->event_record(Stream::compute, moved);
+  b->stream_wait(Stream::d2h, moved);
+  b->copy_async(Stream::d2h, host + n, b->arena_base() + n, n);
+  b->stream_sync(Stream::d2h);
+  EXPECT_EQ(std::memcmp(host, host + n, n), 0);
+  b->sync_all();
+}
+
+TEST(CudaBackend, KernelOutputIsOrderedBeforeACopyByAnEvent) {
+  SKIP_WITHOUT_DEVICE();
+  constexpr int64_t n = 1 << 20;
+  const size_t bytes = n * sizeof(float);
+  auto b = backend_with(2 * bytes, 2 * bytes);
+  auto* hx = reinterpret_cast<float*>(b->host_pool_base());
+  auto* hy = hx + n;
+  for (int64_t i = 0; i < n; ++i) hx[i] = static_cast<float>(i % 7) - 3.0f;
+  std::byte* dx = b->arena_base();
+  std::byte* dy = dx + bytes;
+  const kern::KernelVariant* relu = b->find_kernel("relu");
+  ASSERT_NE(relu, nullptr);
+  kern::KernelArgs a;
+  a.n_in = a.n_out = 1;
+  a.in[0].data = dx;
+  a.in[0].ndim = 1;
+  a.in[0].shape[0] = n;
+  a.out[0] = a.in[0];
+  a.out[0].data = dy;
+  kern::KernelContext ctx;
+  a.ctx = &ctx;
+  const EventId in = b->event_create(), out = b->event_create();
+  b->copy_async(Stream::h2d, dx, hx, bytes);
+  b->event_record(Stream::h2d, in);
+  b->stream_wait(Stream::compute, in);
+  b->launch(Stream::compute, *relu, a);
+  b->event_record(Stream::compute, out);
+  b->stream_wait(Stream::d2h, out);
+  b->copy_async(Stream::d2h, hy, dy, bytes);
+  b->stream_sync(Stream::d2h);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(hy[i], hx[i] < 0 ? 0.0f : hx[i]) << "element " << i;
+  b->sync_all();
+}
+
+TEST(CudaBackend, WaitingOnAnUnrecordedEventDoesNotBlock) {
+  SKIP_WITHOUT_DEVICE();
+  auto b = backend_with(kMiB, kMiB);
+  const EventId e = b->event_create();
+  b->event_sync(e);
+  b->stream_wait(Stream::d2h, e);
+  b->copy_async(Stream::d2h, b->host_pool_base(), b->arena_base(), 16);
+  b->sync_all();
+}
+
+TEST(CudaBackend, BudgetIsEnforced) {
+  SKIP_WITHOUT_DEVICE();
+  CudaBackendParams p;
+  p.device_budget = 96 * kMiB;
+  auto b = make_cuda_backend(p);
+  const size_t limit = b->memory_info().budget;
+  EXPECT_LT(limit, 96 * kMiB);  // cuBLAS's workspace comes out of the budget
+  EXPECT_GE(limit, 60 * kMiB);
+  try {
+    b->arena_reserve(200 * kMiB);
+    FAIL() << "an arena over the budget was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(std::to_string(200 * kMiB)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--device-memory"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(b->arena_base(), nullptr);
+  b->arena_reserve(limit);
+  EXPECT_NE(b->arena_base(), nullptr);
+  EXPECT_EQ(b->memory_info().arena_bytes, limit);
+  try {
+    b->arena_reserve(kMiB);
+    FAIL() << "a second arena_reserve succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
+  }
+}
+
+TEST(CudaBackend, ArgumentMistakesThrowAtOnce) {
+  SKIP_WITHOUT_DEVICE();
+  auto b = backend_with(kMiB, kMiB);
+  EXPECT_THROW(b->copy_async(Stream::h2d, nullptr, b->host_pool_base(), 8), Error);
+  EXPECT_THROW(b->copy_async(Stream::h2d, b->arena_base(), b->arena_base() + 4, 8), Error);
+  EXPECT_THROW(b->event_record(Stream::compute, 99), Error);
+  EXPECT_THROW(b->stream_sync(static_cast<Stream>(7)), Error);
+  EXPECT_THROW(b->host_pool_reserve(kMiB), Error);
+  b->sync_all();
+}
+
+// Kernels that fail in the ways a launcher can: by throwing (test kernels do)
+// and by recording a failed library call in the launch environment.
+void throws_error(const kern::KernelArgs&) {
+  throw Error(POOCH_ERR_INVALID_ARG, "test kernel refuses its inputs");
+}
+void records_failure(const kern::KernelArgs& a) {
+  kern::cuda::LaunchEnv* env = kern::cuda::current_launch_env();
+  if (env == nullptr || a.stream == nullptr) return;  // the test then sees no error
+  env->failed = true;
+  std::strcpy(env->error, "cublasSgemm: CUBLAS_STATUS_EXECUTION_FAILED (test)");
+}
+int g_calls = 0;
+void counts(const kern::KernelArgs&) {
+  ++g_calls;
+}
+const kern::KernelVariant kThrows{"test_throws", "test", throws_error, nullptr, true};
+const kern::KernelVariant kRecords{"test_records", "test", records_failure, nullptr, true};
+const kern::KernelVariant kCounts{"test_counts", "test", counts, nullptr, true};
+
+TEST(CudaBackend, QueuedFailuresSurfaceAtTheNextSync) {
+  SKIP_WITHOUT_DEVICE();
+  auto b = backend_with(kMiB, kMiB);
+  kern::KernelArgs a;
+  b->launch(Stream::compute, kThrows, a);
+  g_calls = 0;
+  b->launch(Stream::compute, kCounts, a);  // skipped: the stream has failed
+  EXPECT_EQ(g_calls, 0);
+  try {
+    b->stream_sync(Stream::compute);
+    FAIL() << "the failure was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(e.what()).find("test_throws"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("refuses"), std::string::npos) << e.what();
+  }
+  b->stream_sync(Stream::compute);  // reported once, then cleared
+  b->launch(Stream::compute, kCounts, a);
+  EXPECT_EQ(g_calls, 1);
+
+  b->launch(Stream::h2d, kRecords, a);
+  try {
+    b->stream_sync(Stream::h2d);
+    FAIL() << "the launcher's recorded failure was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUBLAS_STATUS_EXECUTION_FAILED"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("h2d"), std::string::npos) << e.what();
+  }
+  b->sync_all();
+}
+
+}  // namespace
+}  // namespace pooch
