@@ -28,6 +28,12 @@ install_missing() {
   fi
 }
 
+# The CUDA toolkit lives in /usr/local/cuda on these machines; put nvcc on
+# PATH when it is there so that -Dcuda=auto finds it.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
 configure_and_build() {
   if [ ! -f "$BUILD/build.ninja" ]; then
     meson setup "$BUILD" --buildtype=release
