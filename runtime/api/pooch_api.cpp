@@ -3,6 +3,7 @@
 // its own beyond that.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -512,6 +513,18 @@ pooch_status pooch_dataset_load_split(const char* features_path, const char* lab
 pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* path) {
   POOCH_REQUIRE_ARG(ds && path, "pooch_dataset_save: dataset and path must not be NULL");
   return guarded([&] { pooch::write_xmc_bow(path, ds->data); });
+}
+
+int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size) {
+  if (!ds || batch_size <= 0) return 0;
+  const auto& rp = ds->data.row_ptr;
+  std::vector<int64_t> len(rp.size() - 1);
+  for (size_t r = 0; r + 1 < rp.size(); ++r) len[r] = rp[r + 1] - rp[r];
+  const auto n = static_cast<size_t>(std::min<int64_t>(batch_size, static_cast<int64_t>(len.size())));
+  std::partial_sort(len.begin(), len.begin() + static_cast<long>(n), len.end(), std::greater<>());
+  int64_t sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += len[i];
+  return sum;
 }
 
 int pooch_dataset_is_dense(const pooch_dataset* ds) {

@@ -240,6 +240,10 @@ POOCH_API pooch_status pooch_dataset_load_split(const char* features_path, const
                                                 pooch_dataset** out);
 /* Writes a data set in the bag-of-words format, atomically. */
 POOCH_API pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* path);
+/* The most nonzeros any `batch_size` rows of `ds` hold together (the sum of
+ * the largest row lengths): the max_nnz a model needs to take any batch of it,
+ * shuffled or not (pooch_model_set_run_shape). */
+POOCH_API int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size);
 /* 1 when the features are dense rows (from .npy). */
 POOCH_API int pooch_dataset_is_dense(const pooch_dataset* ds);
 /* A synthetic train/test pair shaped like a known data set ("EURLex-4K",
