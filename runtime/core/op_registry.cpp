@@ -67,4 +67,31 @@ void expect_dtype(std::string_view op, const TensorDesc& t, DType dt, const char
                              dtype_name(t.dtype)));
 }
 
+void expect_float(std::string_view op, const TensorDesc& t, const char* role) {
+  if (t.dtype != DType::f32 && t.dtype != DType::f64)
+    op_error(op, fmt::format("{} '{}' must be f32 (or f64 for checking), got {}", role, t.name,
+                             dtype_name(t.dtype)));
+}
+
+void expect_like(std::string_view op, const TensorDesc& t, const char* role, const TensorDesc& ref,
+                 const char* ref_role) {
+  expect_dtype(op, t, ref.dtype, role);
+  if (t.shape != ref.shape)
+    op_error(op, fmt::format("{} '{}' {} must have the shape of {} '{}' {}", role, t.name,
+                             shape_str(t.shape), ref_role, ref.name, shape_str(ref.shape)));
+}
+
+void expect_dim(std::string_view op, const TensorDesc& t, int dim, const char* role,
+                const TensorDesc& ref, int ref_dim, const char* ref_role) {
+  const auto d = static_cast<size_t>(dim), rd = static_cast<size_t>(ref_dim);
+  if (t.shape[d] != ref.shape[rd])
+    op_error(op, fmt::format("{} '{}' {} does not fit {} '{}' {}: its dimension {} must be {}",
+                             role, t.name, shape_str(t.shape), ref_role, ref.name,
+                             shape_str(ref.shape), dim, ref.shape[rd]));
+}
+
+std::string grad_name(const Graph& g, TensorId t) {
+  return g.unique_name(g.tensor(t).name + ".grad");
+}
+
 }  // namespace pooch

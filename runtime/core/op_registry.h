@@ -72,5 +72,17 @@ void register_optimizer_ops(OpRegistry& r);  // sgd/adam updates, dense and row-
 [[noreturn]] void op_error(std::string_view op, const std::string& what);
 void expect_rank(std::string_view op, const TensorDesc& t, int rank, const char* role);
 void expect_dtype(std::string_view op, const TensorDesc& t, DType dt, const char* role);
+// f32, or f64 (the kernel checker builds the same graphs in double).
+void expect_float(std::string_view op, const TensorDesc& t, const char* role);
+// `t` has the dtype and shape of `ref`.
+void expect_like(std::string_view op, const TensorDesc& t, const char* role, const TensorDesc& ref,
+                 const char* ref_role);
+// Dimension `dim` of `t` equals dimension `ref_dim` of `ref` (a shared size
+// such as the batch or the feature width).
+void expect_dim(std::string_view op, const TensorDesc& t, int dim, const char* role,
+                const TensorDesc& ref, int ref_dim, const char* ref_role);
+inline double numel(const TensorDesc* t) { return static_cast<double>(t->numel()); }
+// The backward builders name a gradient after the tensor it belongs to.
+std::string grad_name(const Graph& g, TensorId t);
 
 }  // namespace pooch

@@ -12,32 +12,6 @@
 namespace pooch {
 namespace {
 
-void expect_float(std::string_view op, const TensorDesc& t, const char* role) {
-  if (t.dtype != DType::f32 && t.dtype != DType::f64)
-    op_error(op, fmt::format("{} '{}' must be f32 (or f64 for checking), got {}", role, t.name,
-                             dtype_name(t.dtype)));
-}
-
-// `t` is a float operand of the same dtype and shape as `ref`.
-void expect_like(std::string_view op, const TensorDesc& t, const char* role, const TensorDesc& ref,
-                 const char* ref_role) {
-  expect_dtype(op, t, ref.dtype, role);
-  if (t.shape != ref.shape)
-    op_error(op, fmt::format("{} '{}' {} must have the shape of {} '{}' {}", role, t.name,
-                             shape_str(t.shape), ref_role, ref.name, shape_str(ref.shape)));
-}
-
-// Dimension `dim` of `t` must equal dimension `ref_dim` of `ref` (a shared
-// size such as the batch or the feature width).
-void expect_dim(std::string_view op, const TensorDesc& t, int dim, const char* role,
-                const TensorDesc& ref, int ref_dim, const char* ref_role) {
-  const auto d = static_cast<size_t>(dim), rd = static_cast<size_t>(ref_dim);
-  if (t.shape[d] != ref.shape[rd])
-    op_error(op, fmt::format("{} '{}' {} does not fit {} '{}' {}: its dimension {} must be {}",
-                             role, t.name, shape_str(t.shape), ref_role, ref.name,
-                             shape_str(ref.shape), dim, ref.shape[rd]));
-}
-
 // p in [0, 1) and a 32-bit key, both required: a dropout without an explicit
 // key would share its mask with every other keyless dropout.
 void check_dropout_attrs(std::string_view op, const Attrs& a) {
@@ -47,15 +21,6 @@ void check_dropout_attrs(std::string_view op, const Attrs& a) {
   const double key = a.require(op, "key");
   if (!(key >= 0.0 && key <= 4294967295.0 && key == std::floor(key)))
     op_error(op, fmt::format("attribute key = {} must be a whole number in [0, 2^32)", key));
-}
-
-double numel(const TensorDesc* t) {
-  return static_cast<double>(t->numel());
-}
-
-// The backward builders name a gradient after the tensor it belongs to.
-std::string grad_name(const Graph& g, TensorId t) {
-  return g.unique_name(g.tensor(t).name + ".grad");
 }
 
 // An elementwise op y = f(x) of any shape, with flops per element.

@@ -20,22 +20,6 @@ constexpr double kInt32Max = static_cast<double>(std::numeric_limits<int32_t>::m
 // A u16 index addresses hidden units 0..65535.
 constexpr int64_t kU16Hidden = 65536;
 
-void expect_float(std::string_view op, const TensorDesc& t, const char* role) {
-  if (t.dtype != DType::f32 && t.dtype != DType::f64)
-    op_error(op, fmt::format("{} '{}' must be f32 (or f64 for checking), got {}", role, t.name,
-                             dtype_name(t.dtype)));
-}
-
-// Dimension `dim` of `t` must equal dimension `ref_dim` of `ref`.
-void expect_dim(std::string_view op, const TensorDesc& t, int dim, const char* role,
-                const TensorDesc& ref, int ref_dim, const char* ref_role) {
-  const auto d = static_cast<size_t>(dim), rd = static_cast<size_t>(ref_dim);
-  if (t.shape[d] != ref.shape[rd])
-    op_error(op, fmt::format("{} '{}' {} does not fit {} '{}' {}: its dimension {} must be {}",
-                             role, t.name, shape_str(t.shape), ref_role, ref.name,
-                             shape_str(ref.shape), dim, ref.shape[rd]));
-}
-
 // A whole-number attribute in [lo, hi].
 int64_t int_attr(std::string_view op, const Attrs& a, const char* key, double lo, double hi) {
   const double v = a.require(op, key);
@@ -43,15 +27,6 @@ int64_t int_attr(std::string_view op, const Attrs& a, const char* key, double lo
     op_error(op,
              fmt::format("attribute {} = {} must be a whole number in [{}, {}]", key, v, lo, hi));
   return static_cast<int64_t>(v);
-}
-
-double numel(const TensorDesc* t) {
-  return static_cast<double>(t->numel());
-}
-
-// The backward builders name a gradient after the tensor it belongs to.
-std::string grad_name(const Graph& g, TensorId t) {
-  return g.unique_name(g.tensor(t).name + ".grad");
 }
 
 // ---- CSR batches ------------------------------------------------------------
