@@ -34,8 +34,14 @@ __device__ __forceinline__ float bce_term(float x, float t) {
   return fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));
 }
 
+// max(v, 0) that keeps a NaN, as the reference's std::max(v, 0.0) and the CPU
+// kernels' max0 do (fmaxf would turn a NaN logit into a zero loss term).
+__device__ __forceinline__ float max0(float v) {
+  return v < 0.0f ? 0.0f : v;
+}
+
 __device__ __forceinline__ float hinge_term(float x, float t) {
-  const float m = fmaxf(0.0f, 1.0f - (2.0f * t - 1.0f) * x);
+  const float m = max0(1.0f - (2.0f * t - 1.0f) * x);
   return m * m;
 }
 
@@ -261,7 +267,7 @@ __global__ void flat_grad_kernel(const float* __restrict__ x, const float* __res
       dx[i] = k * (sigmoid(x[i]) - t[i]);
     } else {
       const float sg = 2.0f * t[i] - 1.0f;
-      dx[i] = -2.0f * k * sg * fmaxf(0.0f, 1.0f - sg * x[i]);
+      dx[i] = -2.0f * k * sg * max0(1.0f - sg * x[i]);
     }
   }
 }

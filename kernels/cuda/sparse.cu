@@ -7,8 +7,8 @@
 // (invalid ids, NaN values) and are never used.
 //
 // sparse_linear          cuSPARSE SpMM (CSR × row-major dense, CSR_ALG2), on
-//                        a copy of idx/val whose junk tail is zeroed; and a
-//                        plain row-wise kernel.
+//                        a consistent copy of the batch whose junk tail is an
+//                        extra, zeroed row; and a plain row-wise kernel.
 // sparse_linear_grad_weight  entries sorted by feature (CUB radix sort, stable,
 //                        so each feature's entries stay in entry order), then
 //                        one writer per output element: deterministic.
@@ -168,18 +168,26 @@ void sparse_linear_rowwise(const KernelArgs& a) {
   sparse_linear_rows(a);
 }
 
-// Copies idx/val with every entry outside [ptr[0], ptr[B]) replaced by
-// (0, 0): what cuSPARSE then sees is a valid CSR matrix with capacity nnz.
+// The batch as a CSR matrix that is consistent for cuSPARSE, which is told
+// nnz = cap (the real count, ptr[B] - ptr[0], is on the device): rows 0..B-1
+// hold the valid entries, shifted to start at 0, and one extra row B holds the
+// tail, its entries replaced by (0, 0), so that ptr2[B+1] = cap as the format
+// requires. A CSR whose last offset is below its nnz is not a valid matrix
+// (load balancing by nnz may give the tail to a row past the end). Row B of
+// the product goes to a scratch row and is never copied out.
 __global__ void sanitize_csr_kernel(const int32_t* __restrict__ ptr, int64_t B,
                                     const int32_t* __restrict__ idx,
                                     const float* __restrict__ val, int64_t cap,
-                                    int32_t* __restrict__ idx2, float* __restrict__ val2) {
+                                    int32_t* __restrict__ ptr2, int32_t* __restrict__ idx2,
+                                    float* __restrict__ val2) {
   const int64_t first = ptr[0], last = ptr[B];
   POOCH_GRID_STRIDE(j, cap) {
-    const bool in = j >= first && j < last;
-    idx2[j] = in ? idx[j] : 0;
-    val2[j] = in ? val[j] : 0.0f;
+    const int64_t src = j + first;
+    const bool in = src < last;
+    idx2[j] = in ? idx[src] : 0;
+    val2[j] = in ? val[src] : 0.0f;
   }
+  POOCH_GRID_STRIDE(r, B + 2) ptr2[r] = static_cast<int32_t>(r <= B ? ptr[r] - first : cap);
 }
 
 __global__ void broadcast_rows_kernel(const float* __restrict__ row, int64_t R, int64_t C,
@@ -233,9 +241,12 @@ bool spmm_buffer_size(cusparseHandle_t h, int64_t B, int64_t F, int64_t O, int64
   SpmmDescs d(B, F, O, cap, ptr, idx, val, w, y);
   if (!d.ok) return false;
   const float one = 1.0f;
-  return cusparseSpMM_bufferSize(h, CUSPARSE_OPERATION_NON_TRANSPOSE,
-                                 CUSPARSE_OPERATION_NON_TRANSPOSE, &one, d.A, d.W, &one, d.Y,
-                                 CUDA_R_32F, kSpmmAlg, bytes) == CUSPARSE_STATUS_SUCCESS;
+  // Reported (inside a launch) so that a launcher never returns quietly
+  // without writing its output.
+  return cusparse_ok(cusparseSpMM_bufferSize(h, CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                             CUSPARSE_OPERATION_NON_TRANSPOSE, &one, d.A, d.W,
+                                             &one, d.Y, CUDA_R_32F, kSpmmAlg, bytes),
+                     "cusparseSpMM_bufferSize");
 }
 
 struct SpmmShape {
@@ -245,12 +256,30 @@ SpmmShape spmm_shape(const KernelArgs& a) {
   return {a.out[0].shape[0], a.in[3].shape[0], a.out[0].shape[1], a.in[1].shape[0]};
 }
 
+// The launcher's workspace: the consistent CSR copy (B+1 rows, see
+// sanitize_csr_kernel), the [B+1, O] product, then cuSPARSE's buffer.
+struct SpmmLayout {
+  int32_t* ptr2;
+  int32_t* idx2;
+  float* val2;
+  float* y2;
+  size_t used;  // bytes before cuSPARSE's buffer
+};
+SpmmLayout spmm_layout(std::byte* base, const SpmmShape& s) {
+  Carve c{base};
+  SpmmLayout L{};
+  L.ptr2 = c.take<int32_t>(static_cast<size_t>(s.B + 2));
+  L.idx2 = c.take<int32_t>(static_cast<size_t>(s.cap));
+  L.val2 = c.take<float>(static_cast<size_t>(s.cap));
+  L.y2 = c.take<float>(static_cast<size_t>((s.B + 1) * s.O));
+  L.used = c.used;
+  return L;
+}
+
 size_t sparse_linear_cusparse_ws(const KernelArgs& a) {
   const SpmmShape s = spmm_shape(a);
-  Carve c{nullptr};
-  c.take<int32_t>(static_cast<size_t>(s.cap));
-  c.take<float>(static_cast<size_t>(s.cap));
-  if (s.B == 0 || s.O == 0 || s.F == 0 || s.cap == 0) return c.used;
+  if (s.B == 0 || s.O == 0 || s.F == 0 || s.cap == 0) return 0;  // no SpMM: bias alone
+  const size_t used = spmm_layout(nullptr, s).used;
   size_t bytes = 0;
   bool known = false;
   const LaunchEnv* e = current_launch_env() ? current_launch_env() : query_env();
@@ -258,14 +287,14 @@ size_t sparse_linear_cusparse_ws(const KernelArgs& a) {
     auto* h = static_cast<cusparseHandle_t>(e->cusparse);
     auto fake = [](uintptr_t k) { return reinterpret_cast<void*>(k << 12); };
     known = device_query([&] {
-      return spmm_buffer_size(h, s.B, s.F, s.O, s.cap, fake(1), fake(2), fake(3), fake(4), fake(5),
-                              &bytes)
+      return spmm_buffer_size(h, s.B + 1, s.F, s.O, s.cap, fake(1), fake(2), fake(3), fake(4),
+                              fake(5), &bytes)
                  ? cudaSuccess
                  : cudaErrorInvalidValue;
     });
   }
-  if (!known) bytes = spmm_fallback_bound(s.B, s.cap);
-  return c.used + align_up(bytes);
+  if (!known) bytes = spmm_fallback_bound(s.B + 1, s.cap);
+  return used + align_up(bytes);
 }
 
 void sparse_linear_cusparse(const KernelArgs& a) {
@@ -279,11 +308,7 @@ void sparse_linear_cusparse(const KernelArgs& a) {
     return;
   }
   auto* h = static_cast<cusparseHandle_t>(e->cusparse);
-  Carve c{static_cast<std::byte*>(a.workspace)};
-  int32_t* idx2 = c.take<int32_t>(static_cast<size_t>(s.cap));
-  float* val2 = c.take<float>(static_cast<size_t>(s.cap));
   float* y = a.out[0].as<float>();
-  void* ptr = a.in[0].data;
   void* w = a.in[3].data;
   const float* bias = a.in[4].as<const float>();
   // Nothing to multiply: y is the bias alone.
@@ -292,28 +317,42 @@ void sparse_linear_cusparse(const KernelArgs& a) {
     launched("broadcast_rows_kernel");
     return;
   }
+  if (s.cap >= INT_MAX || s.B + 1 >= INT_MAX) {
+    report("sparse_linear: capacity %lld or batch %lld exceeds 32-bit CSR offsets",
+           static_cast<long long>(s.cap), static_cast<long long>(s.B));
+    return;
+  }
+  const SpmmLayout L = spmm_layout(static_cast<std::byte*>(a.workspace), s);
   size_t need = 0;
-  if (!spmm_buffer_size(h, s.B, s.F, s.O, s.cap, ptr, idx2, val2, w, y, &need)) return;
-  const size_t have = a.workspace_bytes > c.used ? a.workspace_bytes - c.used : 0;
-  if (need > have) {
+  if (a.workspace != nullptr && L.used <= a.workspace_bytes &&
+      !spmm_buffer_size(h, s.B + 1, s.F, s.O, s.cap, L.ptr2, L.idx2, L.val2, w, L.y2, &need))
+    return;
+  if (a.workspace == nullptr || L.used > a.workspace_bytes ||
+      need > a.workspace_bytes - L.used) {
     // The plan sized the workspace without a device to ask; the row-wise
     // kernel gives the same result without cuSPARSE's buffer.
     sparse_linear_rows(a);
     return;
   }
-  sanitize_csr_kernel<<<grid_for(s.cap, kThreads), kThreads, 0, st>>>(
+  sanitize_csr_kernel<<<grid_for(std::max(s.cap, s.B + 2), kThreads), kThreads, 0, st>>>(
       a.in[0].as<const int32_t>(), s.B, a.in[1].as<const int32_t>(), a.in[2].as<const float>(),
-      s.cap, idx2, val2);
+      s.cap, L.ptr2, L.idx2, L.val2);
   if (!launched("sanitize_csr_kernel")) return;
-  broadcast_rows_kernel<<<grid_for(s.B * s.O, kThreads), kThreads, 0, st>>>(bias, s.B, s.O, y);
+  broadcast_rows_kernel<<<grid_for((s.B + 1) * s.O, kThreads), kThreads, 0, st>>>(
+      bias, s.B + 1, s.O, L.y2);
   if (!launched("broadcast_rows_kernel")) return;
-  SpmmDescs d(s.B, s.F, s.O, s.cap, ptr, idx2, val2, w, y);
+  SpmmDescs d(s.B + 1, s.F, s.O, s.cap, L.ptr2, L.idx2, L.val2, w, L.y2);
   if (!d.ok) return;
   const float one = 1.0f;
-  cusparse_ok(cusparseSpMM(h, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE,
-                           &one, d.A, d.W, &one, d.Y, CUDA_R_32F, kSpmmAlg,
-                           need ? static_cast<std::byte*>(a.workspace) + c.used : nullptr),
-              "cusparseSpMM");
+  if (!cusparse_ok(cusparseSpMM(h, CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                CUSPARSE_OPERATION_NON_TRANSPOSE, &one, d.A, d.W, &one, d.Y,
+                                CUDA_R_32F, kSpmmAlg,
+                                need ? static_cast<std::byte*>(a.workspace) + L.used : nullptr),
+                   "cusparseSpMM"))
+    return;
+  cuda_ok(cudaMemcpyAsync(y, L.y2, static_cast<size_t>(s.B * s.O) * sizeof(float),
+                          cudaMemcpyDeviceToDevice, st),
+          "cudaMemcpyAsync");
 }
 
 // ---- sparse_linear_grad_weight -------------------------------------------------
@@ -460,7 +499,8 @@ int64_t features_of(const KernelArgs& a) {
 size_t sparse_linear_grad_weight_ws(const KernelArgs& a) {
   const int64_t cap = a.in[1].shape[0], F = features_of(a);
   size_t temp = 0;
-  if (cap > 0 && !grad_weight_temp(cap, bits_for(F), &temp)) temp = sort_scan_fallback(cap);
+  if (cap > 0 && (cap >= INT_MAX || !grad_weight_temp(cap, bits_for(F), &temp)))
+    temp = sort_scan_fallback(cap);
   return grad_weight_layout(nullptr, cap, temp).total;
 }
 
@@ -954,6 +994,13 @@ DetLayout<I> det_layout(std::byte* base, int64_t S, int64_t H, int64_t L, int64_
 template <class I>
 using SortKey = std::conditional_t<sizeof(I) == 2, uint16_t, uint32_t>;
 
+// Sort bits for hidden units 0..H-1, at most the key's width (a u16 index
+// cannot name a unit past 65535, whatever H is).
+template <class I>
+int det_end_bit(int64_t H) {
+  return std::min(bits_for(H > 0 ? H - 1 : 0), static_cast<int>(8 * sizeof(SortKey<I>)));
+}
+
 template <class I>
 bool det_temp(int64_t S, int end_bit, size_t* bytes) {
   return device_query([&] {
@@ -969,7 +1016,8 @@ size_t ffi_grad_input_det_ws_t(const KernelArgs& a) {
   const int64_t B = a.in[0].shape[0], L = a.in[1].shape[0], K = a.in[1].shape[1];
   const int64_t H = a.out[0].shape[1], S = L * K;
   size_t temp = 0;
-  if (S > 0 && !det_temp<I>(S, bits_for(H > 0 ? H - 1 : 0), &temp)) temp = sort_scan_fallback(S);
+  if (S > 0 && (S > INT_MAX || !det_temp<I>(S, det_end_bit<I>(H), &temp)))
+    temp = sort_scan_fallback(S);
   return det_layout<SortKey<I>>(nullptr, S, H, L, padded_batch(B), temp).total;
 }
 
@@ -999,7 +1047,7 @@ void ffi_grad_input_det_t(const KernelArgs& a) {
            static_cast<long long>(S), static_cast<long long>(H));
     return;
   }
-  const int end_bit = bits_for(H - 1);
+  const int end_bit = det_end_bit<I>(H);
   size_t temp = 0;
   if (!det_temp<I>(S, end_bit, &temp)) {
     report("ffi_grad_input: CUB could not size its scratch on this device");

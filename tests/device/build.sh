@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Builds, on this (GPU-less) machine, the binaries that tests/device/run.sh
 # runs on a lent GPU machine, whose system libraries differ from ours and
-# where nothing can be installed:
+# where nothing can be installed, and packs them into one archive:
 #
-#   build-device/dist/bin/  pooch-opcheck, test_cuda_backend, pooch-bench-cuda
-#   build-device/dist/lib/  every shared library they need that is neither
-#                           glibc/libstdc++ nor a CUDA library (fmt, mimalloc,
-#                           libgomp, ...): the GPU machine provides those two
-#   build-device/dist/lib-fallback/  this machine's libstdc++ and libgcc_s, which
-#                           run.sh uses only if the GPU machine's are older
-#   build-device/dist/BUILD.txt  what was built, from which commit, and ldd
+#   build-device/dist/pooch-device.tar.gz, which holds
+#     bin/           pooch-opcheck, test_cuda_backend, pooch-bench-cuda, pooch-run
+#     lib/           every shared library they need that is neither glibc/libstdc++
+#                    nor a CUDA library (libpooch, fmt, mimalloc, libgomp, ...):
+#                    the GPU machine provides those two
+#     lib-fallback/  this machine's libstdc++ and libgcc_s, which run.sh uses
+#                    only if the GPU machine's are older
+#     BUILD.txt      what was built, from which commit, and ldd
+#   build-device/dist/BUILD.txt  the same, readable without unpacking
+#
+# Packed because unpacked they would not travel: the device tool carries at
+# most 64 MiB with the working tree, and the binaries (OpenBLAS linked
+# statically into pooch-opcheck and libpooch) are about 60 MiB; gzip makes
+# them a fraction of that. run.sh unpacks the archive into a temporary folder.
 #
 # Static where available (-Dprefer_static=true: OpenBLAS, libgfortran); the
 # CUDA runtime, cuBLAS and cuSPARSE stay shared (CUDA 13's, found on the GPU
@@ -23,7 +30,10 @@ cd "$(dirname "$0")/../.."
 
 BUILD=${POOCH_DEVICE_BUILD:-build-device}
 DIST=$BUILD/dist
-TARGETS=(tests/pooch-opcheck tests/test_cuda_backend bench/pooch-bench-cuda)
+STAGE=$BUILD/dist-stage
+ARCHIVE=pooch-device.tar.gz
+TARGETS=(tests/pooch-opcheck tests/test_cuda_backend bench/pooch-bench-cuda apps/pooch-run)
+LIMIT_MIB=40  # what the archive may take of the device tool's 64 MiB
 
 if [ ! -f "$BUILD/build.ninja" ]; then
   meson setup "$BUILD" --buildtype=release -Dcuda=enabled -Dtests=true -Dbench=true \
@@ -31,11 +41,11 @@ if [ ! -f "$BUILD/build.ninja" ]; then
 fi
 ninja -C "$BUILD" -j"${JOBS:-1}" "${TARGETS[@]}"
 
-rm -rf "$DIST"
-mkdir -p "$DIST/bin" "$DIST/lib"
+rm -rf "$STAGE" "$DIST"
+mkdir -p "$STAGE/bin" "$STAGE/lib" "$DIST"
 for t in "${TARGETS[@]}"; do
-  cp "$BUILD/$t" "$DIST/bin/"
-  strip --strip-unneeded "$DIST/bin/$(basename "$t")"
+  cp "$BUILD/$t" "$STAGE/bin/"
+  strip --strip-unneeded "$STAGE/bin/$(basename "$t")"
 done
 
 # Libraries the GPU machine has in its own (newer) versions: glibc and the
@@ -50,34 +60,48 @@ system_lib() {
   return 1
 }
 
-for b in "$DIST"/bin/*; do
+# ldd of the binaries where the build left them: their RUNPATH ($ORIGIN/..)
+# finds the project's own shared libraries (libpooch) there, not in the copies.
+for t in "${TARGETS[@]}"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     system_lib "$name" && continue
     if [ "$path" = "not" ]; then
-      echo "build.sh: $(basename "$b") needs $name, which is not found here" >&2
+      echo "build.sh: $(basename "$t") needs $name, which is not found here" >&2
       exit 1
     fi
-    [ -f "$DIST/lib/$name" ] || cp -L "$path" "$DIST/lib/$name"
-  done < <(ldd "$b")
+    if [ ! -f "$STAGE/lib/$name" ]; then
+      cp -L "$path" "$STAGE/lib/$name"
+      case "$name" in libpooch*) strip --strip-unneeded "$STAGE/lib/$name" ;; esac
+    fi
+  done < <(ldd "$BUILD/$t")
 done
 
 # The build's C++ runtime, used by run.sh only if the GPU machine's is older.
-mkdir -p "$DIST/lib-fallback"
+mkdir -p "$STAGE/lib-fallback"
 for name in libstdc++.so.6 libgcc_s.so.1; do
-  path=$(ldd "$DIST/bin/pooch-opcheck" | awk -v n="$name" '$1 == n { print $3 }')
-  [ -n "$path" ] && cp -L "$path" "$DIST/lib-fallback/$name"
+  path=$(ldd "$BUILD/tests/pooch-opcheck" | awk -v n="$name" '$1 == n { print $3 }')
+  if [ -n "$path" ]; then cp -L "$path" "$STAGE/lib-fallback/$name"; fi
 done
 
 {
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
   nvcc --version | tail -n 2
-  for b in "$DIST"/bin/*; do
-    echo "== ldd $(basename "$b")"
-    ldd "$b"
+  for t in "${TARGETS[@]}"; do
+    echo "== ldd $(basename "$t")"
+    ldd "$BUILD/$t"
   done
   echo "== bundled"
-  ls -la "$DIST/lib"
-} > "$DIST/BUILD.txt"
+  ls -la "$STAGE/lib"
+} > "$STAGE/BUILD.txt"
+cp "$STAGE/BUILD.txt" "$DIST/BUILD.txt"
+
+tar -C "$STAGE" -czf "$DIST/$ARCHIVE" bin lib lib-fallback BUILD.txt
+rm -rf "$STAGE"
+size=$(du -m "$DIST/$ARCHIVE" | cut -f1)
 du -sh "$DIST"
+if [ "$size" -gt "$LIMIT_MIB" ]; then
+  echo "build.sh: $DIST/$ARCHIVE is $size MiB, over $LIMIT_MIB MiB: it may not travel" >&2
+  exit 1
+fi
 echo "build.sh: $DIST ready; carry it as \"$DIST\" and run: bash tests/device/run.sh"

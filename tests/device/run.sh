@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # tests/device/run.sh — the one-call check of the CUDA backend on a lent GPU
 # machine (read /work/.library/device/README.md). It runs binaries built on
-# the build machine by tests/device/build.sh and carried as build-device/dist:
-# nothing is built or installed here.
+# the build machine by tests/device/build.sh and carried as build-device/dist
+# (the archive pooch-device.tar.gz, unpacked here into a temporary folder; an
+# unpacked dist with bin/ and lib/ works too): nothing is built or installed.
 #
 #   1. the machine: GPU, driver, OS                     (env.txt)
 #   2. finds the CUDA 13 libraries (runtime, cuBLAS, cuSPARSE, nvJitLink; cuDNN
 #      too, for later convolution kernels) and
 #      says within seconds if the binaries cannot start: ldd, then
-#      `pooch-opcheck --list` under a 10 s timeout    (opcheck_list.txt)
+#      `pooch-opcheck --list` under a 10 s timeout    (env.txt)
+#      Then starts, in the background, the synthetic data of step 6.
 #   3. test_cuda_backend: arena, streams, events, copies, budget, errors
 #   4. pooch-opcheck --backend cuda: every CUDA kernel against kernels/ref
 #   5. pooch-bench-cuda: the fixed fan-in head at 670091 labels, fan-in 32, and
 #      the rest of the XMC head: time, bytes moved against the measured copy
-#      bandwidth, spot checks                           (bench.txt)
-#   6. compute-sanitizer memcheck on the benchmark's small shapes, if there is
+#      bandwidth, spot checks                           (bench_log.txt)
+#   6. one XMC training epoch through pooch-run on CUDA, the arena capped at
+#      4 GB, on Amazon-670K-shaped synthetic data       (xmc.txt)
+#      POOCH_XMC_SCALE (default 0.25; 1 is the real set: 670091 labels, 490449
+#      rows), POOCH_XMC_HIDDEN (512), POOCH_XMC_BATCH (the CLI's default)
+#   7. compute-sanitizer memcheck on the benchmark's small shapes, if there is
 #      time and the tool works on this machine
-# A report goes to "$OUT" (summary.txt and one log per step), and a short
-# table is printed last. Under 8 minutes in all (each step has a timeout).
+# A report goes to "$OUT" (summary.txt and one log per step: at most 8 files,
+# as the device tool returns no more), and a short table is printed last.
+# Under 8 minutes in all (each step has a timeout).
 #
 # usage (device tool): carry ["build-device/dist"], command
 #   bash tests/device/run.sh
@@ -29,11 +36,14 @@ cd "$(dirname "$0")/../.." || exit 2
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 DIST=${POOCH_DIST:-build-device/dist}
-BIN=$DIST/bin
 T0=$(date +%s)
 BUDGET=470  # seconds for the whole script, leaving room under 8 minutes
 STATUS=0
 ROWS=()
+# Scratch outside $OUT (only 8 files come back from there): the unpacked
+# binaries, the synthetic data, logs that are folded into others.
+TMPD=$(mktemp -d "${TMPDIR:-/tmp}/pooch-device.XXXXXX") || exit 2
+SYNTH_PID=""
 
 elapsed() { echo $(($(date +%s) - T0)); }
 left() { echo $((BUDGET - $(elapsed))); }
@@ -41,6 +51,7 @@ row() { ROWS+=("$(printf '%-20s %-9s %s' "$1" "$2" "$3")"); }
 say() { echo "run.sh [$(elapsed)s] $*"; }
 
 finish() {
+  if [ -n "$SYNTH_PID" ]; then kill "$SYNTH_PID" 2>/dev/null; wait "$SYNTH_PID" 2>/dev/null; fi
   {
     echo "pooch device check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(elapsed) s"
     [ -f "$DIST/BUILD.txt" ] && head -n 1 "$DIST/BUILD.txt"
@@ -49,14 +60,25 @@ finish() {
     for r in "${ROWS[@]}"; do echo "$r"; done
   } > "$OUT/summary.txt"
   echo
-  if [ -f "$OUT/bench.txt" ]; then
-    sed -n '/^kernel /,/^bench:/p' "$OUT/bench.txt"
+  if [ -f "$OUT/bench_log.txt" ]; then
+    sed -n '/^kernel /,/^bench:/p' "$OUT/bench_log.txt"
     echo
   fi
   cat "$OUT/summary.txt"
+  rm -rf "$TMPD"
   exit "${1:-$STATUS}"
 }
 
+# The binaries: build.sh's archive, unpacked here, or an unpacked dist.
+if [ -f "$DIST/pooch-device.tar.gz" ]; then
+  if ! tar -C "$TMPD" -xzf "$DIST/pooch-device.tar.gz"; then
+    say "could not unpack $DIST/pooch-device.tar.gz"
+    row "binaries" "MISSING" "$DIST/pooch-device.tar.gz does not unpack"
+    finish 2
+  fi
+  DIST=$TMPD
+fi
+BIN=$DIST/bin
 if [ ! -x "$BIN/pooch-opcheck" ]; then
   say "no binaries in $BIN: run tests/device/build.sh on the build machine and carry build-device/dist"
   row "binaries" "MISSING" "$BIN/pooch-opcheck"
@@ -77,17 +99,20 @@ say "GPU: $(head -n 1 "$OUT/env.txt")"
 # ---- 2. libraries, and whether the binaries start ----------------------------------
 # The loader finds what ldconfig knows; otherwise the toolkit's folders, then
 # the Python packages' (nvidia-cublas etc. beside PyTorch).
-SEARCH=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64
-        /usr/local/cuda-13*/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu
-        /usr/local/lib)
+# (CUDA 13's installer puts them in lib/ beside lib64/, as on the build machine.)
+SEARCH=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib
+        /usr/local/cuda-13*/lib64 /usr/local/cuda-13*/lib /usr/local/cuda-13*/targets/x86_64-linux/lib
+        /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/local/lib)
 SITE=$(timeout 10 python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
 LIBDIRS=()
 {
   echo "== libraries"
   for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcusparse.so.12 libnvJitLink.so.13 \
              libcudnn.so.9; do
-    if ldconfig -p 2>/dev/null | grep -q " $lib "; then
-      echo "$lib: $(ldconfig -p | grep " $lib " | head -n 1 | sed 's/.*=> //') (ldconfig)"
+    # ldconfig -p lines start with a tab: "\tlibcudart.so.13 (libc6,x86-64) => /path".
+    known=$(ldconfig -p 2>/dev/null | awk -v n="$lib" '$1 == n { print $NF; exit }')
+    if [ -n "$known" ]; then
+      echo "$lib: $known (ldconfig)"
       continue
     fi
     found=""
@@ -124,27 +149,40 @@ if [ -n "$missing" ]; then
   row "start" "FAIL" "libraries not found:$missing"
   finish 3
 fi
-timeout 10 "$BIN/pooch-opcheck" --list > "$OUT/opcheck_list.txt" 2>&1
+LIST=$TMPD/opcheck_list.txt
+timeout 10 "$BIN/pooch-opcheck" --list > "$LIST" 2>&1
 rc=$?
 # A C++ runtime older than the build machine's: use the one build.sh carried.
-if [ $rc -ne 0 ] && grep -qE 'GLIBCXX_|CXXABI_|GCC_[0-9]' "$OUT/opcheck_list.txt" &&
+if [ $rc -ne 0 ] && grep -qE 'GLIBCXX_|CXXABI_|GCC_[0-9]' "$LIST" &&
    [ -d "$DIST/lib-fallback" ]; then
   say "this machine's libstdc++ is older than the build's; using the carried one"
   LD_LIBRARY_PATH=$(realpath "$DIST/lib-fallback"):$LD_LIBRARY_PATH
   export LD_LIBRARY_PATH
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH (with the carried libstdc++)" >> "$OUT/env.txt"
-  timeout 10 "$BIN/pooch-opcheck" --list > "$OUT/opcheck_list.txt" 2>&1
+  timeout 10 "$BIN/pooch-opcheck" --list > "$LIST" 2>&1
   rc=$?
 fi
+{ echo "== pooch-opcheck --list (exit $rc)"; cat "$LIST"; } >> "$OUT/env.txt"
 if [ $rc -ne 0 ]; then
   say "pooch-opcheck --list failed (exit $rc): the binaries do not start here"
-  tail -n 5 "$OUT/opcheck_list.txt"
-  row "start" "FAIL" "pooch-opcheck --list exit $rc (see opcheck_list.txt)"
+  tail -n 5 "$LIST"
+  row "start" "FAIL" "pooch-opcheck --list exit $rc (see env.txt)"
   finish 3
 fi
-cuda_listed=$(grep -c '^  cuda: ' "$OUT/opcheck_list.txt")
+cuda_listed=$(grep -c '^  cuda: ' "$LIST")
 row "start" "ok" "binaries start; opcheck lists $cuda_listed ops with a cuda line"
 say "binaries start"
+
+# The synthetic data of step 6, written by the CPU while the GPU checks run.
+XMC_SCALE=${POOCH_XMC_SCALE:-0.25}
+XMC_HIDDEN=${POOCH_XMC_HIDDEN:-512}
+XMC_DATA=$TMPD/xmc-data
+XMC_LOG=$TMPD/xmc_synth.txt
+if [ -x "$BIN/pooch-run" ]; then
+  timeout 240 "$BIN/pooch-run" synth --preset Amazon-670K --scale "$XMC_SCALE" \
+    --out "$XMC_DATA" > "$XMC_LOG" 2>&1 &
+  SYNTH_PID=$!
+fi
 
 # ---- 3. backend unit tests ------------------------------------------------------
 timeout 60 "$BIN/test_cuda_backend" > "$OUT/test_cuda_backend.txt" 2>&1
@@ -161,8 +199,8 @@ fi
 say "test_cuda_backend exit $rc"
 
 # ---- 4. the kernel checker on CUDA ---------------------------------------------------
-t=$(( $(left) - 200 ))
-[ $t -gt 240 ] && t=240
+t=$(( $(left) - 230 ))
+[ $t -gt 200 ] && t=200
 if [ $t -lt 30 ]; then
   row "opcheck cuda" "SKIP" "no time left"
 else
@@ -184,12 +222,12 @@ else
 fi
 
 # ---- 5. benchmarks ------------------------------------------------------------------
-t=$(( $(left) - 60 ))
-[ $t -gt 180 ] && t=180
+t=$(( $(left) - 150 ))
+[ $t -gt 150 ] && t=150
 if [ $t -lt 30 ]; then
   row "bench" "SKIP" "no time left"
 else
-  timeout $t "$BIN/pooch-bench-cuda" --out "$OUT/bench.txt" > "$OUT/bench_log.txt" 2>&1
+  timeout $t "$BIN/pooch-bench-cuda" > "$OUT/bench_log.txt" 2>&1
   rc=$?
   case $rc in
     0) row "bench" "ok" "$(grep -m1 '^copy:' "$OUT/bench_log.txt")" ;;
@@ -200,7 +238,64 @@ else
   say "bench exit $rc"
 fi
 
-# ---- 6. memory checker on small shapes ------------------------------------------------
+# ---- 6. one XMC training epoch through the CLI --------------------------------------
+# Amazon-670K's shape (at POOCH_XMC_SCALE), a sparse input layer, the fixed
+# fan-in head (32), the arena capped at 4 GB; the CLI's --json line reports.
+XMC=$OUT/xmc.txt
+if [ -z "$SYNTH_PID" ]; then
+  row "xmc epoch" "SKIP" "no pooch-run in the binaries (rebuild with tests/device/build.sh)"
+else
+  wait "$SYNTH_PID"
+  rc=$?
+  SYNTH_PID=""
+  { echo "== pooch-run synth --preset Amazon-670K --scale $XMC_SCALE (exit $rc)"; cat "$XMC_LOG"; } > "$XMC"
+  t=$(( $(left) - 40 ))
+  [ $t -gt 150 ] && t=150
+  if [ $rc -ne 0 ]; then
+    STATUS=1
+    row "xmc epoch" "FAIL" "synth exit $rc; $(tail -n 1 "$XMC_LOG" | cut -c1-120)"
+  elif [ $t -lt 30 ]; then
+    row "xmc epoch" "SKIP" "no time left"
+  else
+    XMC_ARGS=(train --data "$XMC_DATA" --device cuda --device-memory 4G --epochs 1
+              --hidden "$XMC_HIDDEN" --fan-in 32 --out "$TMPD/xmc.pooch" --json)
+    [ -n "${POOCH_XMC_BATCH:-}" ] && XMC_ARGS+=(--batch "$POOCH_XMC_BATCH")
+    echo "== pooch-run ${XMC_ARGS[*]}" >> "$XMC"
+    timeout $t "$BIN/pooch-run" "${XMC_ARGS[@]}" >> "$XMC" 2>&1
+    rc=$?
+    echo "== exit $rc" >> "$XMC"
+    # The last line is the --json object; its scalars (and the arena) make the row.
+    brief=$(grep -E '^\{' "$XMC" | tail -n 1 | timeout 10 python3 -c '
+import json, sys
+try:
+    j = json.loads(sys.stdin.read())
+except Exception:
+    sys.exit(0)
+parts = []
+for k in ("steps", "seconds"):
+    if isinstance(j.get(k), (int, float)):
+        parts.append("%s=%.4g" % (k, j[k]))
+ep = j.get("epochs")
+if isinstance(ep, list) and ep and isinstance(ep[-1], dict) and "loss" in ep[-1]:
+    parts.append("loss=%.4g" % ep[-1]["loss"])
+fin = j.get("final") if isinstance(j.get("final"), dict) else {}
+prec = fin.get("precision")
+if isinstance(prec, list) and len(prec) >= 3:
+    parts.append("P@1/3=%.4f/%.4f" % (prec[0], prec[2]))
+m = j.get("memory") if isinstance(j.get("memory"), dict) else {}
+if isinstance(m.get("arena_bytes"), (int, float)):
+    parts.append("arena=%.2fGiB" % (m["arena_bytes"] / 2**30))
+print(" ".join(parts))' 2>/dev/null)
+    case $rc in
+      0) row "xmc epoch" "ok" "scale $XMC_SCALE; $(echo "$brief" | cut -c1-140)" ;;
+      124) STATUS=1; row "xmc epoch" "TIMEOUT" "after ${t}s at scale $XMC_SCALE (xmc.txt has what ran)" ;;
+      *) STATUS=1; row "xmc epoch" "FAIL" "exit $rc; $(grep -m1 -iE 'error|fail' "$XMC" | cut -c1-120)" ;;
+    esac
+  fi
+  say "xmc epoch done"
+fi
+
+# ---- 7. memory checker on small shapes ------------------------------------------------
 t=$(( $(left) - 5 ))
 [ $t -gt 90 ] && t=90
 SANITIZER=$(command -v compute-sanitizer)

@@ -129,6 +129,7 @@ class CudaBackend final : public Backend {
 
   bool arena_reserved_ = false;
   std::byte* arena_ = nullptr;  // the one cudaMalloc: arena, then cuBLAS's workspace
+  std::byte* cublas_ws_ptr_ = nullptr;  // that workspace, inside the same allocation
   size_t arena_bytes_ = 0;
   bool pool_reserved_ = false;
   bool pool_pinned_ = false;
@@ -141,6 +142,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   cusparseHandle_t cusparse_ = nullptr;
   int bound_stream_ = 0;  // the stream both handles are bound to
+  // Recorded on the old stream when the handles move to another one (see
+  // launch): cuBLAS's one workspace is then never in use on two streams.
+  cudaEvent_t rebind_ = nullptr;
   kern::cuda::LaunchEnv env_;
 };
 
@@ -170,6 +174,7 @@ CudaBackend::CudaBackend(const CudaBackendParams& p)
     POOCH_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
     POOCH_CUSPARSE_CHECK(cusparseCreate(&cusparse_));
     POOCH_CUSPARSE_CHECK(cusparseSetStream(cusparse_, streams_[0]));
+    POOCH_CUDA_CHECK(cudaEventCreateWithFlags(&rebind_, cudaEventDisableTiming));
     if (budget_ == 0) {
       size_t free = 0, total = 0;
       POOCH_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -205,12 +210,15 @@ void CudaBackend::release() noexcept {
   cublas_ = nullptr;
   for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
   events_.clear();
+  if (rebind_) (void)cudaEventDestroy(rebind_);
+  rebind_ = nullptr;
   for (cudaStream_t& s : streams_) {
     if (s) (void)cudaStreamDestroy(s);
     s = nullptr;
   }
   if (arena_) (void)cudaFree(arena_);
   arena_ = nullptr;
+  cublas_ws_ptr_ = nullptr;
   if (pool_) {
     if (pool_pinned_)
       (void)cudaFreeHost(pool_);
@@ -295,6 +303,7 @@ void CudaBackend::arena_reserve(size_t bytes) {
     arena_ = nullptr;
     throw;
   }
+  cublas_ws_ptr_ = arena_ + arena_part;
   arena_bytes_ = bytes;
   arena_reserved_ = true;
 }
@@ -450,19 +459,50 @@ void CudaBackend::launch(Stream s, const kern::KernelVariant& k, const kern::Ker
                             k.op ? k.op : "?", k.variant ? k.variant : "?"));
   if (pending_[i].failed) return;  // it would work on garbage
   bind();
+  const auto where = [&] {
+    return fmt::format("kernel '{}' (variant '{}') on the {} stream failed: ", k.op ? k.op : "?",
+                       k.variant ? k.variant : "?", stream_name(i));
+  };
   if (i != bound_stream_) {
-    POOCH_CUBLAS_CHECK(cublasSetStream(cublas_, streams_[i]));
-    POOCH_CUSPARSE_CHECK(cusparseSetStream(cusparse_, streams_[i]));
+    // cublasSetStream resets the handle to cuBLAS's own default workspace,
+    // which cuBLAS would then cudaMalloc past the arena and the budget: the
+    // arena's slice is set again. As both streams would share that slice,
+    // the new stream first waits for the old one's work queued so far.
+    const char* call = "cudaEventRecord";
+    cudaError_t ce = cudaEventRecord(rebind_, streams_[bound_stream_]);
+    if (ce == cudaSuccess) {
+      call = "cudaStreamWaitEvent";
+      ce = cudaStreamWaitEvent(streams_[i], rebind_, 0);
+    }
+    if (ce != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(i, POOCH_ERR_INTERNAL, where() + fmt::format("{}: {}", call, cuda_error(ce)));
+      return;
+    }
+    const char* failed = nullptr;
+    cublasStatus_t bs = cublasSetStream(cublas_, streams_[i]);
+    if (bs != CUBLAS_STATUS_SUCCESS) failed = "cublasSetStream";
+    if (!failed && cublas_ws_ptr_ != nullptr) {
+      bs = cublasSetWorkspace(cublas_, cublas_ws_ptr_, cublas_ws_);
+      if (bs != CUBLAS_STATUS_SUCCESS) failed = "cublasSetWorkspace";
+    }
+    if (failed) {
+      fail(i, POOCH_ERR_INTERNAL,
+           where() + fmt::format("{}: {}", failed, cublasGetStatusString(bs)));
+      return;
+    }
+    const cusparseStatus_t ss = cusparseSetStream(cusparse_, streams_[i]);
+    if (ss != CUSPARSE_STATUS_SUCCESS) {
+      fail(i, POOCH_ERR_INTERNAL,
+           where() + fmt::format("cusparseSetStream: {}", cusparseGetErrorString(ss)));
+      return;
+    }
     bound_stream_ = i;
   }
   kern::KernelArgs a = args;  // a copy on the stack: the launcher runs now
   a.stream = streams_[i];
   env_.failed = false;
   env_.error[0] = '\0';
-  const auto where = [&] {
-    return fmt::format("kernel '{}' (variant '{}') on the {} stream failed: ", k.op ? k.op : "?",
-                       k.variant ? k.variant : "?", stream_name(i));
-  };
   {
     kern::cuda::ScopedLaunchEnv scope(&env_);
     try {

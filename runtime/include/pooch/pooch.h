@@ -286,7 +286,8 @@ typedef struct pooch_train_params {
   uint64_t data_seed;       /* data order (default 1) */
   float psp_a, psp_b;       /* propensity parameters (default 0.55, 1.5) */
   const char* checkpoint_path; /* written after each epoch and when cancelled (NULL: never) */
-  /* After each step; return 0 to stop (the checkpoint is written, the call
+  /* After each step (epoch 1-based; batch counts the batches of this epoch
+   * done so far); return 0 to stop (the checkpoint is written, the call
    * returns POOCH_ERR_CANCELLED). */
   int (*on_step)(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches);
   void (*on_epoch)(void* user, const pooch_epoch_report* report);

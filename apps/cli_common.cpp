@@ -1,0 +1,242 @@
+#include "cli_common.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace cli {
+
+int exit_code(pooch_status st) {
+  switch (st) {
+    case POOCH_OK:
+      return kOk;
+    case POOCH_ERR_INVALID_ARG:
+    case POOCH_ERR_NO_DEVICE:
+    case POOCH_ERR_UNSUPPORTED:
+      return kUsage;
+    case POOCH_ERR_BAD_INPUT:
+    case POOCH_ERR_IO:
+      return kBadInput;
+    case POOCH_ERR_OUT_OF_BUDGET:
+    case POOCH_ERR_OUT_OF_MEMORY:
+      return kOutOfBudget;
+    case POOCH_ERR_CANCELLED:
+      return kInterrupted;
+    default:
+      return kInternal;
+  }
+}
+
+int Output::fail(pooch_status st, const std::string& what) {
+  const char* msg = pooch_last_error();
+  if (!msg || !*msg) msg = pooch_status_str(st);
+  std::fprintf(stderr, "pooch-run: %s: %s\n", what.c_str(), msg);
+  std::fflush(stderr);
+  error_ = what + ": " + msg;
+  result_["status"] = pooch_status_str(st);
+  return exit_code(st);
+}
+
+int Output::fail(int code, const std::string& message) {
+  std::fprintf(stderr, "pooch-run: %s\n", message.c_str());
+  std::fflush(stderr);
+  error_ = message;
+  return code;
+}
+
+int Output::finish(int rc) {
+  if (json) {
+    result_["ok"] = rc == kOk;
+    result_["exit_code"] = rc;
+    if (!error_.empty()) result_["error"] = error_;
+    std::fflush(stderr);
+    std::printf("%s\n", result_.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
+  }
+  std::fflush(stdout);
+  return rc;
+}
+
+bool parse_size(const std::string& text, size_t* bytes) {
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  const size_t start = i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  if (i == start) return false;
+  double v = 0;
+  try {
+    size_t used = 0;
+    v = std::stod(text.substr(start, i - start), &used);
+    if (used != i - start) return false;
+  } catch (...) {
+    return false;
+  }
+  std::string unit;
+  for (; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i])))
+      unit += static_cast<char>(std::toupper(static_cast<unsigned char>(text[i])));
+  double mult = 1;
+  if (unit.empty() || unit == "B") {
+    mult = 1;
+  } else {
+    const char p = unit[0];
+    const std::string rest = unit.substr(1);
+    if (rest != "" && rest != "B" && rest != "IB") return false;
+    switch (p) {
+      case 'K':
+        mult = 1024.0;
+        break;
+      case 'M':
+        mult = 1024.0 * 1024;
+        break;
+      case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        break;
+      case 'T':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        break;
+      default:
+        return false;
+    }
+  }
+  const double b = v * mult;
+  if (!std::isfinite(b) || b < 0 || b > 1.8e19) return false;
+  if (unit.empty() && std::floor(v) != v) return false;  // fractional bytes
+  *bytes = static_cast<size_t>(std::llround(b));
+  return true;
+}
+
+std::string format_bytes(double b) {
+  char buf[64];
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
+  else if (b >= 1024.0)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_device) {
+  f.device = default_device;
+  app->add_option("--threads", f.threads, "CPU threads (0: all cores)")
+      ->group("Device")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app->add_option("--device", f.device, "Where to run: cpu, cuda or auto (CUDA when present)")
+      ->group("Device")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  app->add_option("--device-memory", f.device_memory,
+                  "Device memory budget: bytes or with a unit (512M, 4G); default: all the "
+                  "device offers")
+      ->type_name("SIZE")
+      ->group("Device")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            size_t b = 0;
+            if (parse_size(v, &b)) return {};
+            return "'" + v +
+                   "' is not a size (use bytes or a number with K, M, G or T, e.g. 512M or 4G)";
+          },
+          ""));
+}
+
+bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::string* error) {
+  p->threads = f.threads;
+  p->device = f.device == "cpu"    ? POOCH_DEVICE_CPU
+              : f.device == "cuda" ? POOCH_DEVICE_CUDA
+                                   : POOCH_DEVICE_AUTO;
+  p->device_memory = 0;
+  if (!f.device_memory.empty()) {
+    size_t b = 0;
+    if (!parse_size(f.device_memory, &b)) {
+      *error = "--device-memory: '" + f.device_memory +
+               "' is not a size (use bytes or a number with K, M, G or T, e.g. 512M or 4G)";
+      return false;
+    }
+    p->device_memory = b;
+  }
+  return true;
+}
+
+void add_json_flag(CLI::App* app, Output& out) {
+  app->add_flag("--json", out.json,
+                "Print one JSON object with the results as the last line of stdout");
+}
+
+void print_memory(const pooch_session* s, Output& out) {
+  pooch_memory_report m{};
+  if (pooch_session_memory(s, &m) != POOCH_OK) return;
+  std::printf(
+      "memory: arena %s on the %s backend (weights %s, activations %s, gradients %s, optimizer "
+      "%s)%s\n",
+      format_bytes(static_cast<double>(m.arena_bytes)).c_str(), m.backend ? m.backend : "?",
+      format_bytes(static_cast<double>(m.by_role[1])).c_str(),
+      format_bytes(static_cast<double>(m.by_role[2])).c_str(),
+      format_bytes(static_cast<double>(m.by_role[3])).c_str(),
+      format_bytes(static_cast<double>(m.by_role[4])).c_str(),
+      m.budget ? (", budget " + format_bytes(static_cast<double>(m.budget))).c_str() : "");
+  Json j;
+  j["backend"] = m.backend ? m.backend : "";
+  j["arena_bytes"] = m.arena_bytes;
+  j["budget"] = m.budget;
+  j["input_bytes"] = m.by_role[0];
+  j["weight_bytes"] = m.by_role[1];
+  j["activation_bytes"] = m.by_role[2];
+  j["gradient_bytes"] = m.by_role[3];
+  j["optimizer_bytes"] = m.by_role[4];
+  out.result()["memory"] = j;
+}
+
+namespace {
+std::vector<std::string>& words() {
+  static std::vector<std::string> w;
+  return w;
+}
+}  // namespace
+
+void set_argv(int argc, char** argv) {
+  words().assign(argv, argv + argc);
+  if (!words().empty()) words()[0] = "pooch-run";
+}
+
+const std::vector<std::string>& argv_words() {
+  return words();
+}
+
+std::string shell_quote(const std::string& w) {
+  bool plain = !w.empty();
+  for (char c : w)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) ||
+          std::string("-_./=:,@%+").find(c) != std::string::npos))
+      plain = false;
+  if (plain) return w;
+  std::string q = "'";
+  for (char c : w) {
+    if (c == '\'')
+      q += "'\\''";
+    else
+      q += c;
+  }
+  return q + "'";
+}
+
+double tidy(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(x));
+    if (std::strtof(buf, nullptr) == x) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+double seconds_since(const std::chrono::steady_clock::time_point& t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace cli

@@ -1,0 +1,88 @@
+// pooch-run finetune: a trained model (or checkpoint) trained further, on a
+// new label set when its output layer is replaced (--new-head).
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "training.h"
+
+namespace cli {
+
+namespace {
+
+struct FinetuneOpts {
+  std::string model;
+  int64_t new_head = -1;  // -1: the data's label count when it differs; 0: keep
+  DataFlags data;
+  TrainFlags train;
+  DeviceFlags device;
+  Output output{"finetune"};
+};
+
+int run_finetune(FinetuneOpts& o) {
+  Output& out = o.output;
+  const bool resume = !o.train.resume.empty();
+  if (o.model.empty() && !resume)
+    return out.fail(kUsage, "finetune: --model is required (or --resume CKPT)");
+  Data data;
+  if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
+  ModelHandle model;
+  const std::string path = resume ? o.train.resume : o.model;
+  if (pooch_status st = pooch_model_load(path.c_str(), &model.p))
+    return out.fail(st, (resume ? "--resume " : "--model ") + path);
+  out.result()["model"] = path;
+  if (resume) {
+    if (!pooch_model_is_checkpoint(model.p))
+      return out.fail(kBadInput, "--resume: " + path + " is a model file, not a checkpoint");
+    std::printf("resuming from %s\n", path.c_str());
+    out.result()["resumed_from"] = path;
+  } else {
+    const SpecShape spec = spec_shape(model.p);
+    const Shape train = shape_of(data.train.p), test = shape_of(data.test.p);
+    const int64_t data_labels = std::max(train.labels, test.labels);
+    if (train.features != spec.width)
+      return out.fail(kBadInput, "data: " + data.train_source + " has " +
+                                     std::to_string(train.features) + " features, but the model " +
+                                     o.model + " takes " + std::to_string(spec.width) +
+                                     " (finetuning keeps the input layer)");
+    int64_t head = o.new_head;
+    if (head < 0) head = data_labels != spec.labels ? data_labels : 0;
+    if (head > 0) {
+      if (head < data_labels)
+        return out.fail(kBadInput, "finetune: --new-head " + std::to_string(head) +
+                                       " is fewer labels than the data has (" +
+                                       std::to_string(data_labels) + ")");
+      if (pooch_status st = pooch_model_replace_head(model.p, head))
+        return out.fail(st, "replacing the output layer");
+      std::printf("new output layer: %lld labels (was %lld); every other weight kept\n",
+                  static_cast<long long>(head), static_cast<long long>(spec.labels));
+      out.result()["new_head"] = head;
+    }
+    if (o.train.batch > 0)
+      if (pooch_status st = pooch_model_set_run_shape(model.p, o.train.batch, 0, 0))
+        return out.fail(st, "--batch");
+  }
+  return run_training(model.p, resume, data, o.train, o.device, true, out);
+}
+
+}  // namespace
+
+Command add_finetune(CLI::App& app) {
+  auto o = std::make_shared<FinetuneOpts>();
+  CLI::App* c =
+      app.add_subcommand("finetune", "Train a model further, on a new label set with --new-head");
+  c->add_option("--model", o->model, "The model or checkpoint to start from (its weights)")
+      ->type_name("M.pooch");
+  c->add_option("--new-head", o->new_head,
+                "Replace the output layer by a fresh one over L labels (default: the data's "
+                "label count when it differs from the model's; 0: keep the head)")
+      ->type_name("L")
+      ->check(CLI::NonNegativeNumber);
+  add_data_flags(c, o->data, DataUse::train);
+  add_train_flags(c, o->train, true);
+  add_device_flags(c, o->device);
+  add_json_flag(c, o->output);
+  return {c, [o] { return o->output.finish(run_finetune(*o)); }};
+}
+
+}  // namespace cli

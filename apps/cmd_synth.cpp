@@ -1,0 +1,77 @@
+// pooch-run synth: a synthetic train/test pair shaped like a known data set,
+// written as DIR/train.txt and DIR/test.txt (bag of words).
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "commands.h"
+#include "data_args.h"
+
+namespace cli {
+
+namespace {
+
+struct SynthOpts {
+  std::string preset = "EURLex-4K";
+  double scale = 1;
+  uint64_t seed = 1;
+  std::string out;
+  Output output{"synth"};
+};
+
+int run_synth(SynthOpts& o) {
+  Output& out = o.output;
+  const auto t0 = std::chrono::steady_clock::now();
+  DatasetHandle train, test;
+  if (pooch_status st =
+          pooch_dataset_create_synth(o.preset.c_str(), o.scale, o.seed, &train.p, &test.p))
+    return out.fail(st, "synth " + o.preset);
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) return out.fail(kBadInput, "synth: cannot create '" + o.out + "': " + ec.message());
+  const std::string train_path = (std::filesystem::path(o.out) / "train.txt").string();
+  const std::string test_path = (std::filesystem::path(o.out) / "test.txt").string();
+  if (pooch_status st = pooch_dataset_save(train.p, train_path.c_str()))
+    return out.fail(st, "writing " + train_path);
+  if (pooch_status st = pooch_dataset_save(test.p, test_path.c_str()))
+    return out.fail(st, "writing " + test_path);
+  for (auto [label, ds, path] :
+       {std::tuple{"train", train.p, train_path}, std::tuple{"test", test.p, test_path}}) {
+    const Shape s = shape_of(ds);
+    std::printf("%s: %s: %lld rows, %lld features, %lld labels\n", label, path.c_str(),
+                static_cast<long long>(s.rows), static_cast<long long>(s.features),
+                static_cast<long long>(s.labels));
+    out.result()[label] = shape_json(ds, path);
+  }
+  const double secs = seconds_since(t0);
+  std::printf("synth %s at scale %g (seed %llu) in %.2f s\n", o.preset.c_str(), o.scale,
+              static_cast<unsigned long long>(o.seed), secs);
+  out.result()["preset"] = o.preset;
+  out.result()["scale"] = o.scale;
+  out.result()["seed"] = o.seed;
+  out.result()["seconds"] = secs;
+  return kOk;
+}
+
+}  // namespace
+
+Command add_synth(CLI::App& app) {
+  auto o = std::make_shared<SynthOpts>();
+  CLI::App* c =
+      app.add_subcommand("synth", "Write a synthetic train/test pair shaped like a known data set");
+  c->add_option("--preset", o->preset,
+                "EURLex-4K, Wiki10-31K, AmazonCat-13K, Wiki-500K, Amazon-670K or Amazon-3M")
+      ->capture_default_str();
+  c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--seed", o->seed, "Seed (the same seed gives the same bytes)")
+      ->capture_default_str();
+  c->add_option("--out", o->out, "Directory for train.txt and test.txt")
+      ->type_name("DIR")
+      ->required();
+  add_json_flag(c, o->output);
+  return {c, [o] { return o->output.finish(run_synth(*o)); }};
+}
+
+}  // namespace cli

@@ -1,0 +1,56 @@
+// pooch-run train: a new model (from --spec or the model flags) trained on a
+// data set, or a run continued from its checkpoint (--resume).
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "training.h"
+
+namespace cli {
+
+namespace {
+
+struct TrainOpts {
+  DataFlags data;
+  ModelFlags model;
+  TrainFlags train;
+  DeviceFlags device;
+  Output output{"train"};
+};
+
+int run_train(TrainOpts& o) {
+  Output& out = o.output;
+  Data data;
+  if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
+  ModelHandle model;
+  const bool resume = !o.train.resume.empty();
+  if (resume) {
+    if (pooch_status st = pooch_model_load(o.train.resume.c_str(), &model.p))
+      return out.fail(st, "--resume " + o.train.resume);
+    if (!pooch_model_is_checkpoint(model.p))
+      return out.fail(kBadInput, "--resume: " + o.train.resume +
+                                     " is a model file, not a checkpoint (to train a model "
+                                     "further, use: pooch-run finetune --model " +
+                                     o.train.resume + ")");
+    std::printf("resuming from %s\n", o.train.resume.c_str());
+    out.result()["resumed_from"] = o.train.resume;
+  } else if (int rc = make_model(o.model, o.train, data.train.p, data.test.p, model, out)) {
+    return rc;
+  }
+  return run_training(model.p, resume, data, o.train, o.device, true, out);
+}
+
+}  // namespace
+
+Command add_train(CLI::App& app) {
+  auto o = std::make_shared<TrainOpts>();
+  CLI::App* c = app.add_subcommand("train", "Train a model on a data set");
+  add_data_flags(c, o->data, DataUse::train);
+  add_model_flags(c, o->model);
+  add_train_flags(c, o->train, true);
+  add_device_flags(c, o->device);
+  add_json_flag(c, o->output);
+  return {c, [o] { return o->output.finish(run_train(*o)); }};
+}
+
+}  // namespace cli

@@ -1,0 +1,446 @@
+#include "training.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "progress.h"
+
+namespace cli {
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) {
+  g_interrupted.store(true);
+}
+
+// Installs the Ctrl-C handler for the duration of a run. A second Ctrl-C
+// kills the process (SA_RESETHAND restores the default action).
+class SigintGuard {
+ public:
+  SigintGuard() {
+    g_interrupted.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, &old_);
+  }
+  ~SigintGuard() { sigaction(SIGINT, &old_, nullptr); }
+
+ private:
+  struct sigaction old_ {};
+};
+
+struct RunState {
+  Progress* progress = nullptr;
+  FILE* log = nullptr;
+  int64_t steps = 0;  // of this run
+  int64_t max_steps = 0;
+  bool stopped_by_max = false;
+  int64_t last_step = 0;
+  int last_epoch = 0;
+  int64_t last_batch = 0, batches = 0;
+  Json epochs = Json::array();
+};
+
+int on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches) {
+  auto* r = static_cast<RunState*>(user);
+  ++r->steps;
+  r->last_step = step;
+  r->last_epoch = epoch;
+  r->last_batch = batch;
+  r->batches = batches;
+  r->progress->step(step, loss, epoch, batch, batches);
+  if (r->log) {
+    Json j;
+    j["type"] = "step";
+    j["step"] = step;
+    j["epoch"] = epoch;
+    j["batch"] = batch;
+    j["batches"] = batches;
+    j["loss"] = tidy(loss);
+    std::fprintf(r->log, "%s\n", j.dump().c_str());
+  }
+  if (g_interrupted.load()) return 0;
+  if (r->max_steps > 0 && r->steps >= r->max_steps) {
+    r->stopped_by_max = true;
+    return 0;
+  }
+  return 1;
+}
+
+void on_epoch(void* user, const pooch_epoch_report* rep) {
+  auto* r = static_cast<RunState*>(user);
+  r->progress->epoch(*rep);
+  Json j = epoch_json(*rep);
+  r->epochs.push_back(j);
+  if (r->log) {
+    Json l;
+    l["type"] = "epoch";
+    for (auto& [k, v] : j.items()) l[k] = v;
+    std::fprintf(r->log, "%s\n", l.dump().c_str());
+    std::fflush(r->log);
+  }
+}
+
+bool read_file(const std::string& path, std::string* text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *text = ss.str();
+  return true;
+}
+
+std::string resume_command(const std::string& ckpt) {
+  const auto& w = argv_words();
+  std::string cmd;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const std::string& a = w[i];
+    if (a == "--resume" || a == "--max-steps") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--resume=", 0) == 0 || a.rfind("--max-steps=", 0) == 0) continue;
+    if (!cmd.empty()) cmd += ' ';
+    cmd += shell_quote(a);
+  }
+  return cmd + " --resume " + shell_quote(ckpt);
+}
+
+}  // namespace
+
+void add_model_flags(CLI::App* app, ModelFlags& f) {
+  app->add_option("--spec", f.spec,
+                  "Model spec (JSON, docs/CLI.md); input width and labels default to the data's")
+      ->type_name("FILE")
+      ->group("Model");
+  app->add_option("--hidden", f.hidden, "Width of the first (linear, relu) layer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("Model");
+  app->add_option("--bottleneck", f.bottleneck, "Width of a second linear layer (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Model");
+  app->add_option("--fan-in", f.fan_in, "Inputs per label of the fixed fan-in head (0: dense head)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Model");
+  app->add_option("--loss", f.loss, "Loss: squared-hinge, bce or softmax")
+      ->check(CLI::IsMember({"squared-hinge", "bce", "softmax"}))
+      ->capture_default_str()
+      ->group("Model");
+  app->add_option("--dropout", f.dropout, "Dropout after the hidden layers (0: none)")
+      ->check(CLI::Range(0.0, 0.999))
+      ->capture_default_str()
+      ->group("Model");
+}
+
+void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
+  app->add_option("--epochs", f.epochs, "Passes over the training set")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--batch", f.batch, "Rows per step (default: the spec's or model's; 64)")
+      ->check(CLI::PositiveNumber)
+      ->group("Training");
+  app->add_option("--lr", f.lr, "Learning rate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--optimizer", f.optimizer, "adam, adamw or sgd")
+      ->check(CLI::IsMember({"adam", "adamw", "sgd"}))
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--weight-decay", f.weight_decay, "Weight decay (AdamW: decoupled)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--warmup-steps", f.warmup_steps, "Linear learning-rate warm-up steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--plateau-patience", f.plateau_patience,
+                  "Epochs without improvement before the learning rate is reduced (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--plateau-factor", f.plateau_factor, "Factor of each reduction")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--early-stop", f.early_stop,
+                  "Epochs without improvement (test P@3) before stopping (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str()
+      ->group("Training");
+  f.seed_option =
+      app->add_option("--seed", f.seed, "Seed of the weights, dropout, wiring and data order")
+          ->capture_default_str()
+          ->group("Training");
+  app->add_option("--propensity", f.propensity,
+                  "PSP@k propensity parameters A,B (default: by the data set's name)")
+      ->type_name("A,B")
+      ->group("Training");
+  if (!with_output) return;
+  app->add_option("--out", f.out, "The final model")
+      ->type_name("MODEL.pooch")
+      ->capture_default_str()
+      ->group("Output");
+  app->add_option("--checkpoint", f.checkpoint,
+                  "Checkpoint written after each epoch and on Ctrl-C (default: <out>.ckpt)")
+      ->type_name("FILE")
+      ->group("Output");
+  app->add_option("--resume", f.resume, "Continue the run saved in this checkpoint")
+      ->type_name("CKPT")
+      ->group("Output");
+  app->add_option("--log", f.log, "Write one JSON object per step and per epoch here")
+      ->type_name("FILE.jsonl")
+      ->group("Output");
+  // Stops as Ctrl-C does after this many steps (tests of resuming).
+  app->add_option("--max-steps", f.max_steps)->group("")->check(CLI::NonNegativeNumber);
+}
+
+SpecShape spec_shape(const pooch_model* m) {
+  SpecShape s;
+  const char* text = pooch_model_spec_json(m);
+  if (!text) return s;
+  const Json j = Json::parse(text, nullptr, false);
+  if (!j.is_object()) return s;
+  if (j.contains("input") && j["input"].is_object()) {
+    s.width = j["input"].value("width", int64_t{0});
+    s.dense = j["input"].value("kind", std::string("sparse")) == "dense";
+  }
+  s.labels = j.value("labels", int64_t{0});
+  return s;
+}
+
+int check_data_fits(const pooch_model* m, const pooch_dataset* ds, const std::string& source,
+                    bool training, Output& out) {
+  if (!ds) return kOk;
+  const SpecShape s = spec_shape(m);
+  const Shape d = shape_of(ds);
+  const bool dense = pooch_dataset_is_dense(ds) != 0;
+  std::string why;
+  if (dense != s.dense)
+    why = std::string("the model takes ") + (s.dense ? "dense" : "sparse") + " input";
+  else if (training ? d.features != s.width : d.features > s.width)
+    why = "the model takes " + std::to_string(s.width) + " features";
+  else if (d.labels > s.labels)
+    why = "the model has " + std::to_string(s.labels) + " labels" +
+          (training ? " (finetune --new-head replaces the output layer)" : "");
+  if (why.empty()) return kOk;
+  return out.fail(kBadInput, "data: " + source + " has " + std::to_string(d.features) +
+                                 (dense ? " dense" : "") + " features and " +
+                                 std::to_string(d.labels) + " labels, but " + why);
+}
+
+int fit_max_nnz(pooch_model* m, std::initializer_list<const pooch_dataset*> sets, Output& out) {
+  const Json spec = Json::parse(pooch_model_spec_json(m), nullptr, false);
+  if (!spec.is_object()) return kOk;
+  const int64_t batch = spec.value("batch", int64_t{64});
+  int64_t have = spec.value("max_nnz", int64_t{0});
+  if (have == 0) have = batch * 64;
+  int64_t need = 0;
+  for (const pooch_dataset* ds : sets) {
+    if (!ds || pooch_dataset_is_dense(ds)) continue;
+    const Shape sh = shape_of(ds);
+    pooch_batch all{};
+    if (sh.rows == 0 || pooch_dataset_batch(ds, 0, sh.rows, &all) != POOCH_OK) continue;
+    std::vector<int64_t> nnz(static_cast<size_t>(all.rows));
+    for (int64_t r = 0; r < all.rows; ++r) nnz[r] = all.row_ptr[r + 1] - all.row_ptr[r];
+    const size_t k = static_cast<size_t>(std::min<int64_t>(batch, all.rows));
+    std::partial_sort(nnz.begin(), nnz.begin() + static_cast<std::ptrdiff_t>(k), nnz.end(),
+                      std::greater<>());
+    int64_t sum = 0;
+    for (size_t i = 0; i < k; ++i) sum += nnz[i];
+    need = std::max(need, sum);
+  }
+  if (need <= have) return kOk;
+  if (pooch_status st = pooch_model_set_run_shape(m, 0, need, 0))
+    return out.fail(st, "setting max_nnz to " + std::to_string(need));
+  return kOk;
+}
+
+int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* train,
+               const pooch_dataset* test, ModelHandle& model, Output& out) {
+  const Shape a = shape_of(train), b = shape_of(test);
+  const int64_t features = std::max(a.features, b.features);
+  const int64_t labels = std::max(a.labels, b.labels);
+  const bool dense = train && pooch_dataset_is_dense(train);
+  std::string text, source;
+  if (!mf.spec.empty()) {
+    source = mf.spec;
+    if (!read_file(mf.spec, &text))
+      return out.fail(kBadInput, "--spec: cannot read '" + mf.spec + "'");
+    Json j = Json::parse(text, nullptr, false);
+    if (j.is_object()) {  // else the library reports what is wrong with it
+      if (!j.contains("input")) j["input"] = Json::object();
+      if (j["input"].is_object()) {
+        if (!j["input"].contains("kind")) j["input"]["kind"] = dense ? "dense" : "sparse";
+        if (!j["input"].contains("width")) j["input"]["width"] = features;
+      }
+      if (!j.contains("labels")) j["labels"] = labels;
+      if (tf.batch > 0) j["batch"] = tf.batch;
+      if (tf.seed_option && tf.seed_option->count() > 0) j["seed"] = tf.seed;
+      text = j.dump();
+    }
+  } else {
+    source = "model flags";
+    Json j;
+    j["input"] = {{"kind", dense ? "dense" : "sparse"}, {"width", features}};
+    j["labels"] = labels;
+    Json layers = Json::array();
+    layers.push_back({{"type", "linear"}, {"width", mf.hidden}, {"activation", "relu"}});
+    if (mf.bottleneck > 0)
+      layers.push_back({{"type", "linear"}, {"width", mf.bottleneck}, {"activation", "relu"}});
+    if (mf.dropout > 0) layers.push_back({{"type", "dropout"}, {"p", mf.dropout}});
+    if (mf.fan_in > 0)
+      layers.push_back({{"type", "ffi"}, {"fan_in", mf.fan_in}});
+    else
+      layers.push_back({{"type", "dense"}});
+    j["layers"] = layers;
+    j["loss"] = mf.loss;
+    j["batch"] = tf.batch > 0 ? tf.batch : 64;
+    j["seed"] = tf.seed;
+    text = j.dump();
+  }
+  if (pooch_status st = pooch_model_create_from_spec(text.c_str(), source.c_str(), &model.p))
+    return out.fail(st, "model");
+  return fit_max_nnz(model.p, {train, test}, out);
+}
+
+int propensity(const TrainFlags& f, const std::string& data_name, float* a, float* b, Output& out) {
+  if (f.propensity.empty()) {
+    pooch_propensity_defaults(data_name.c_str(), a, b);
+    return kOk;
+  }
+  const size_t comma = f.propensity.find(',');
+  try {
+    if (comma == std::string::npos) throw 0;
+    size_t u1 = 0, u2 = 0;
+    const std::string s1 = f.propensity.substr(0, comma), s2 = f.propensity.substr(comma + 1);
+    *a = std::stof(s1, &u1);
+    *b = std::stof(s2, &u2);
+    if (u1 != s1.size() || u2 != s2.size()) throw 0;
+  } catch (...) {
+    return out.fail(kUsage,
+                    "--propensity: '" + f.propensity + "' is not two numbers A,B (e.g. 0.55,1.5)");
+  }
+  return kOk;
+}
+
+int run_training(pooch_model* model, bool resume, const Data& data, const TrainFlags& f,
+                 const DeviceFlags& dev, bool save, Output& out) {
+  Json& res = out.result();
+  if (int rc = check_data_fits(model, data.train.p, data.train_source, true, out)) return rc;
+  if (int rc = check_data_fits(model, data.test.p, data.test_source, false, out)) return rc;
+  if (int rc = fit_max_nnz(model, {data.train.p, data.test.p}, out)) return rc;
+
+  pooch_session_params sp;
+  pooch_session_default_params(&sp);
+  std::string err;
+  if (!apply_device_flags(dev, &sp, &err)) return out.fail(kUsage, err);
+  sp.optimizer = f.optimizer == "adamw" ? POOCH_OPT_ADAMW
+                 : f.optimizer == "sgd" ? POOCH_OPT_SGD
+                                        : POOCH_OPT_ADAM;
+  sp.learning_rate = f.lr;
+  sp.weight_decay = f.weight_decay;
+  sp.resume = resume ? 1 : 0;
+
+  pooch_train_params tp;
+  pooch_train_default_params(&tp);
+  tp.epochs = f.epochs;
+  tp.warmup_steps = f.warmup_steps;
+  tp.plateau_factor = f.plateau_factor;
+  tp.plateau_patience = f.plateau_patience;
+  tp.early_stop_patience = f.early_stop;
+  tp.data_seed = f.seed;
+  if (int rc = propensity(f, data.name, &tp.psp_a, &tp.psp_b, out)) return rc;
+  const std::string ckpt =
+      !save ? std::string() : (!f.checkpoint.empty() ? f.checkpoint : f.out + ".ckpt");
+  tp.checkpoint_path = ckpt.empty() ? nullptr : ckpt.c_str();
+
+  FILE* log = nullptr;
+  if (!f.log.empty()) {
+    log = std::fopen(f.log.c_str(), resume ? "a" : "w");
+    if (!log) return out.fail(kBadInput, "--log: cannot open '" + f.log + "' for writing");
+  }
+  struct LogCloser {
+    FILE* f;
+    ~LogCloser() {
+      if (f) std::fclose(f);
+    }
+  } closer{log};
+
+  SessionHandle s;
+  if (pooch_status st = pooch_session_create(model, &sp, &s.p)) return out.fail(st, "session");
+  print_memory(s.p, out);
+
+  if (const char* spec = pooch_model_spec_json(model))
+    res["model_spec"] = Json::parse(spec, nullptr, false);
+  res["propensity"] = {tidy(tp.psp_a), tidy(tp.psp_b)};
+
+  Progress progress(isatty(STDOUT_FILENO) != 0, f.epochs);
+  RunState state;
+  state.progress = &progress;
+  state.log = log;
+  state.max_steps = f.max_steps;
+  tp.on_step = on_step;
+  tp.on_epoch = on_epoch;
+  tp.user = &state;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  pooch_status st;
+  {
+    SigintGuard guard;
+    st = pooch_train(s.p, data.train.p, data.test.p, &tp);
+  }
+  progress.clear();
+  const double secs = seconds_since(t0);
+  res["epochs"] = state.epochs;
+  res["steps"] = state.steps;
+  res["seconds"] = secs;
+  if (!state.epochs.empty() && state.epochs.back().contains("eval"))
+    res["final"] = state.epochs.back()["eval"];
+
+  if (st == POOCH_ERR_CANCELLED) {
+    const bool by_signal = !state.stopped_by_max;
+    res["interrupted"] = true;
+    std::printf("%s at step %lld (epoch %d, batch %lld of %lld) after %.1f s\n",
+                by_signal ? "interrupted" : "stopped (--max-steps)",
+                static_cast<long long>(state.last_step), state.last_epoch,
+                static_cast<long long>(state.last_batch), static_cast<long long>(state.batches),
+                secs);
+    if (!ckpt.empty()) {
+      res["checkpoint"] = ckpt;
+      std::printf("checkpoint written to %s\nresume with: %s\n", ckpt.c_str(),
+                  resume_command(ckpt).c_str());
+      res["resume_command"] = resume_command(ckpt);
+    }
+    return by_signal ? kInterrupted : kOk;
+  }
+  if (st != POOCH_OK) return out.fail(st, "training");
+  res["interrupted"] = false;
+  std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
+  if (save) {
+    if (pooch_status st2 = pooch_session_save(s.p, f.out.c_str()))
+      return out.fail(st2, "saving " + f.out);
+    std::printf("model written to %s (checkpoint: %s)\n", f.out.c_str(), ckpt.c_str());
+    res["out"] = f.out;
+    res["checkpoint"] = ckpt;
+  }
+  return kOk;
+}
+
+}  // namespace cli

@@ -1,0 +1,73 @@
+// What train, finetune and demo share: the model flags (or --spec), the
+// training flags, and the run itself (session, pooch_train with progress,
+// the JSONL log, Ctrl-C, the checkpoint, the final model).
+#pragma once
+#include <string>
+
+#include "cli_common.h"
+#include "data_args.h"
+
+namespace cli {
+
+struct ModelFlags {
+  std::string spec;  // --spec model.json
+  int64_t hidden = 256;
+  int64_t bottleneck = 0;
+  int64_t fan_in = 32;
+  std::string loss = "bce";
+  double dropout = 0;
+};
+void add_model_flags(CLI::App* app, ModelFlags& f);
+
+struct TrainFlags {
+  int epochs = 10;
+  int64_t batch = 0;  // 0: the spec's or model's (64 for a model from flags)
+  float lr = 1e-3f;
+  std::string optimizer = "adam";
+  float weight_decay = 0;
+  int64_t warmup_steps = 0;
+  int plateau_patience = 2;
+  float plateau_factor = 0.5f;
+  int early_stop = 4;
+  uint64_t seed = 1;
+  CLI::Option* seed_option = nullptr;  // to tell a given --seed from the default
+  std::string propensity;              // "A,B"
+  std::string out = "model.pooch";
+  std::string checkpoint;  // default <out>.ckpt
+  std::string resume;
+  std::string log;
+  int64_t max_steps = 0;  // hidden: stop (as Ctrl-C does) after this many steps of the run
+};
+// `with_output`: --out/--checkpoint/--resume/--log (not for demo).
+void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output);
+
+// A model from --spec (input width, labels and kind filled in from the data
+// when the file leaves them out) or from the flags. Exit code.
+int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* train,
+               const pooch_dataset* test, ModelHandle& model, Output& out);
+
+// The spec's input width and labels (from pooch_model_spec_json).
+struct SpecShape {
+  int64_t width = 0, labels = 0;
+  bool dense = false;
+};
+SpecShape spec_shape(const pooch_model* m);
+
+// Raises the model's max_nnz (nonzeros a batch may hold) to what the
+// fullest `batch` rows of each data set need (rows are shuffled, so any rows
+// can meet in a batch). Exit code.
+int fit_max_nnz(pooch_model* m, std::initializer_list<const pooch_dataset*> sets, Output& out);
+
+// Checks that the data fits the model (exit 2 with both shapes otherwise).
+int check_data_fits(const pooch_model* m, const pooch_dataset* ds, const std::string& source,
+                    bool training, Output& out);
+
+// Propensity A,B: from --propensity or the data set's name.
+int propensity(const TrainFlags& f, const std::string& data_name, float* a, float* b, Output& out);
+
+// Trains `model` (from a checkpoint with resume set: continues it). Saves the
+// final model to f.out unless `save` is false. Exit code.
+int run_training(pooch_model* model, bool resume, const Data& data, const TrainFlags& f,
+                 const DeviceFlags& dev, bool save, Output& out);
+
+}  // namespace cli

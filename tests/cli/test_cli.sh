@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# End-to-end test of pooch-run on tiny synthetic data: every subcommand,
+# --json, exit codes, error messages, Ctrl-C and bit-exact resuming.
+# Usage: test_cli.sh PATH/TO/pooch-run
+set -uo pipefail
+
+RUN=${1:?usage: test_cli.sh PATH/TO/pooch-run}
+RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-cli.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+cd "$TMP"
+
+failures=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+# expect NAME WANT_RC CMD...: runs CMD (stdout > NAME.out, stderr > NAME.err).
+expect() {
+  local name=$1 want=$2
+  shift 2
+  "$@" > "$name.out" 2> "$name.err"
+  local rc=$?
+  if [ "$rc" = "$want" ]; then
+    pass "$name (exit $rc)"
+    return 0
+  fi
+  fail "$name: exit $rc, wanted $want"
+  sed 's/^/    | /' "$name.err" | tail -5
+  return 1
+}
+# contains NAME FILE PATTERN (extended regex)
+contains() {
+  if grep -Eq -- "$3" "$2"; then pass "$1"; else
+    fail "$1: '$3' not in $2"
+    sed 's/^/    | /' "$2" | tail -5
+  fi
+}
+json_last() { tail -n 1 "$1"; }
+
+T="--threads 1 --device cpu"
+
+# --- help and usage ---------------------------------------------------------
+expect help 0 "$RUN" --help
+for c in demo synth train finetune eval predict info; do
+  expect "help-$c" 0 "$RUN" "$c" --help
+done
+expect bad-flag 1 "$RUN" train --no-such-flag
+expect no-subcommand 1 "$RUN"
+expect bad-size 1 "$RUN" train --data . --device-memory 12Q
+
+# --- synth ---------------------------------------------------------------------
+expect synth 0 "$RUN" synth --preset EURLex-4K --scale 0.02 --seed 3 --out data --json
+contains synth-json synth.out '^\{.*"ok":true'
+[ -s data/train.txt ] && [ -s data/test.txt ] && pass synth-files || fail synth-files
+TEST_ROWS=$(head -n 1 data/test.txt | cut -d' ' -f1)
+expect synth-again 0 "$RUN" synth --preset EURLex-4K --scale 0.02 --seed 3 --out data2
+cmp -s data/train.txt data2/train.txt && pass synth-deterministic || fail synth-deterministic
+
+# --- train ---------------------------------------------------------------------
+expect train 0 "$RUN" train --data data --epochs 2 --out m.pooch --log m.jsonl --json $T
+json_last train.out > train.json
+contains train-json train.json '^\{"command":"train".*"ok":true'
+contains train-json-epochs train.json '"epoch":2,'
+contains train-json-metrics train.json '"precision":\['
+contains train-epoch-line train.out '^epoch 2/2 .*P@1/3/5 .*nDCG@1/3/5 .*PSP@1/3/5'
+[ -s m.pooch ] && [ -s m.pooch.ckpt ] && pass train-files || fail train-files
+contains train-log-step m.jsonl '^\{"type":"step"'
+contains train-log-epoch m.jsonl '^\{"type":"epoch","epoch":2'
+
+# A spec file (input width and labels from the data).
+cat > spec.json <<'JSON'
+{"layers": [{"type": "linear", "width": 64, "activation": "gelu"}, {"type": "layernorm"},
+            {"type": "dropout", "p": 0.1}, {"type": "ffi", "fan_in": 16}],
+ "loss": "squared-hinge"}
+JSON
+expect train-spec 0 "$RUN" train --data data --spec spec.json --epochs 1 --out s.pooch $T
+expect bad-spec 2 "$RUN" train --data data --spec <(echo '{"layers": [{"type": "ffi"}]}') --out x.pooch $T
+
+# --- eval, predict, info ---------------------------------------------------------
+expect eval 0 "$RUN" eval --model m.pooch --data data --json $T
+contains eval-table eval.out '^P +[0-9.]+ +[0-9.]+'
+contains eval-json eval.out '^\{"command":"eval".*"metrics":\{"rows":'"$TEST_ROWS"','
+
+expect predict 0 "$RUN" predict --model m.pooch --input data/test.txt --k 3 --out preds.txt $T
+[ "$(wc -l < preds.txt)" = "$TEST_ROWS" ] && pass predict-rows || fail "predict-rows: $(wc -l < preds.txt) lines, wanted $TEST_ROWS"
+if awk 'NF != 3 { exit 1 } { for (i = 1; i <= NF; ++i) if ($i !~ /^[0-9]+:-?[0-9.e+-]+$/) exit 1 }' preds.txt; then
+  pass predict-format
+else
+  fail predict-format
+  head -3 preds.txt
+fi
+expect predict-stdout 0 "$RUN" predict --model m.pooch --input data/test.txt --k 2 $T
+[ "$(wc -l < predict-stdout.out)" = "$TEST_ROWS" ] && pass predict-stdout-rows || fail predict-stdout-rows
+
+expect info 0 "$RUN" info m.pooch
+contains info-spec info.out '^model spec'
+contains info-graph info.out '^graph: [0-9]+ ops'
+contains info-tensors info.out '^tensors: [0-9]+ stored'
+expect info-json 0 "$RUN" info m.pooch --json
+contains info-json-last info-json.out '^\{"command":"info".*"xxh3"'
+
+# --- finetune on a new label set ------------------------------------------------
+expect finetune 0 "$RUN" finetune --model m.pooch --data data2 --new-head 120 --epochs 1 --out f.pooch --json $T
+contains finetune-json finetune.out '"new_head":120'
+expect info-finetuned 0 "$RUN" info f.pooch
+contains finetune-head info-finetuned.out '^  labels +120$'
+expect finetune-ckpt 0 "$RUN" finetune --model m.pooch.ckpt --data data --epochs 1 --out f2.pooch $T
+
+# --- errors: bad input, budget, device ---------------------------------------------
+printf '3 10 5\n1 0:1.0\n2,x 3:1.0\n0 1:2\n' > bad.txt
+expect malformed 2 "$RUN" train --train bad.txt --test bad.txt --out x.pooch $T
+contains malformed-where malformed.err 'bad\.txt.*line 3'
+contains malformed-prefix malformed.err '^pooch-run: '
+expect missing-data 2 "$RUN" train --data no-such-dir --out x.pooch --json $T
+contains missing-data-json missing-data.out '^\{.*"ok":false.*"exit_code":2'
+expect not-a-model 2 "$RUN" info bad.txt
+expect budget 3 "$RUN" train --data data --device-memory 4K --out x.pooch $T
+contains budget-message budget.err 'device-memory'
+"$RUN" train --data data --epochs 1 --device cuda --out cuda.pooch --threads 1 > cuda.out 2> cuda.err
+rc=$?
+if [ $rc = 0 ]; then
+  pass "device-cuda (a GPU is present: trained on it)"
+elif grep -Eqi 'cuda|gpu|device' cuda.err; then
+  pass "device-cuda (exit $rc without a GPU, with a message)"
+else
+  fail "device-cuda: exit $rc without a clear message"
+  cat cuda.err
+fi
+
+# --- interrupting and resuming ------------------------------------------------------
+# Uninterrupted reference run, then the same run stopped after 7 steps (as
+# Ctrl-C stops it) and resumed from its checkpoint: the models must be equal.
+expect ref 0 "$RUN" train --data data --epochs 3 --seed 7 --out ref.pooch $T
+expect stopped 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --max-steps 7 $T
+contains stopped-hint stopped.out '^resume with: pooch-run train .*--resume res\.pooch\.ckpt'
+[ ! -e res.pooch ] && pass stopped-no-model || fail stopped-no-model
+expect resumed 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --resume res.pooch.ckpt $T
+if cmp ref.pooch res.pooch; then pass resume-bit-exact; else fail resume-bit-exact; fi
+
+# Ctrl-C: SIGINT during a long run writes the checkpoint and exits with 130.
+"$RUN" train --data data --epochs 100000 --early-stop 0 --plateau-patience 0 --out int.pooch $T \
+  > int.out 2> int.err &
+pid=$!
+for _ in $(seq 1 600); do
+  grep -q '^epoch 1/' int.out 2> /dev/null && break
+  sleep 0.1
+done
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc = 130 ] && pass "sigint (exit $rc)" || { fail "sigint: exit $rc, wanted 130"; tail -3 int.err; }
+contains sigint-message int.out '^interrupted at step [0-9]+'
+contains sigint-hint int.out '^resume with: .*--resume int\.pooch\.ckpt'
+[ -s int.pooch.ckpt ] && pass sigint-checkpoint || fail sigint-checkpoint
+expect sigint-resume 0 "$RUN" train --data data --epochs 1 --out int2.pooch --resume int.pooch.ckpt $T
+
+echo
+if [ $failures -gt 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"
