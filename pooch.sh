@@ -12,13 +12,18 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev libxxhash-dev libgtest-dev
 )
 
+# Only the benchmarks need these: the peer (Debian's PyTorch, which multiplies
+# through OpenBLAS once libopenblas0-pthread is installed) and GNU time for
+# peak memory.
+BENCH_PACKAGES=(python3-torch python3-numpy time)
+
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
 install_missing() {
   local missing=()
-  for p in "${DEBIAN_PACKAGES[@]}"; do
+  for p in "${DEBIAN_PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -55,9 +60,10 @@ case "$cmd" in
     meson test -C "$BUILD" --print-errorlogs
     ;;
   bench)
-    install_missing
+    install_missing "${BENCH_PACKAGES[@]}"
     configure_and_build
     "$BUILD/tests/pooch-opcheck" --bench
+    /usr/bin/python3 bench/xmc/run.py --build "$BUILD"
     ;;
   *)
     echo "usage: ./pooch.sh demo [demo flags] | test | bench" >&2
