@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "formats/xmc_data.h"
+#include "runtime/train/trainer.h"
 #include "runtime/train/xmc_session.h"
 
 using namespace pooch;
@@ -22,8 +23,8 @@ TrainResult train(int threads, int epochs = 4) {
   pp.features = 500;
   pp.labels = 100;
   const XmcDataset d = make_planted(pp);
-  ModelSpec spec = spec_from_flags(InputKind::sparse, pp.features, pp.labels, 64, 0, 16,
-                                   LossKind::bce, 0.0);
+  ModelSpec spec =
+      spec_from_flags(InputKind::sparse, pp.features, pp.labels, 64, 0, 16, LossKind::bce, 0.0);
   spec.batch = 32;
   OptimizerConfig opt;
   opt.lr = 1e-2;
@@ -76,4 +77,63 @@ TEST(TrainEndToEnd, ThreadCountDoesNotChangeTheResult) {
   const TrainResult a = train(1, 1), b = train(2, 1);
   for (size_t i = 0; i < a.weights.size(); ++i)
     EXPECT_EQ(a.weights[i], b.weights[i]) << "weight " << i;
+}
+
+// Dense input (precomputed embeddings, as the fixed fan-in paper trains on):
+// dropout -> linear -> relu -> layernorm -> fixed fan-in head, through the
+// trainer with evaluation.
+TEST(TrainEndToEnd, DenseInputModelLearnsThroughTheTrainer) {
+  PlantedParams pp;
+  pp.rows = 1200;
+  pp.features = 64;
+  pp.labels = 40;
+  const XmcDataset sparse = make_planted(pp);
+  auto densify = [](const XmcDataset& s, int64_t from, int64_t to) {
+    XmcDataset d;
+    d.features = d.dense_dim = s.features;
+    d.labels = s.labels;
+    for (int64_t r = from; r < to; ++r) {
+      std::vector<float> row(static_cast<size_t>(s.features), 0.0f);
+      for (int64_t j = s.row_ptr[r]; j < s.row_ptr[r + 1]; ++j)
+        row[static_cast<size_t>(s.col[j])] += s.val[j];
+      d.dense.insert(d.dense.end(), row.begin(), row.end());
+      d.row_ptr.push_back(0);
+      d.label.insert(d.label.end(), s.label.begin() + s.label_ptr[r],
+                     s.label.begin() + s.label_ptr[r + 1]);
+      d.label_ptr.push_back(static_cast<int64_t>(d.label.size()));
+    }
+    return d;
+  };
+  const XmcDataset train_set = densify(sparse, 0, 1000), test_set = densify(sparse, 1000, 1200);
+  ModelSpec spec;
+  spec.input = InputKind::dense;
+  spec.input_width = pp.features;
+  spec.labels = pp.labels;
+  spec.layers = {{LayerKind::dropout, 0, "none", 0.1, 0},
+                 {LayerKind::linear, 128, "relu", 0, 0},
+                 {LayerKind::layernorm, 0, "none", 0, 0},
+                 {LayerKind::ffi_head, 0, "none", 0, 16}};
+  spec.batch = 50;
+  OptimizerConfig opt;
+  opt.lr = 1e-2;
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  cfg.optimizer = opt;
+  XmcSession s(build_xmc_model(spec, opt), cfg);
+  const XmcMetricsResult before = evaluate(s, test_set, nullptr);
+  TrainConfig tc;
+  tc.epochs = 8;
+  tc.early_stop_patience = 0;
+  TrainerState st;
+  std::vector<double> losses;
+  TrainCallbacks cb;
+  cb.on_epoch = [&](const EpochReport& r) { losses.push_back(r.train_loss); };
+  train(s, train_set, &test_set, tc, st, cb);
+  const XmcMetricsResult after = evaluate(s, test_set, nullptr);
+  ASSERT_EQ(losses.size(), 8u);
+  EXPECT_LT(losses.back(), 0.5 * losses.front());
+  EXPECT_GT(after.precision_at(1), 0.8)
+      << "before: " << before.summary() << " after: " << after.summary();
+  EXPECT_GT(after.precision_at(1), before.precision_at(1) + 0.3);
 }
