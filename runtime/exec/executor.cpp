@@ -207,6 +207,12 @@ void Executor::read_tensor(TensorId t, void* dst, size_t bytes) const {
   backend_.stream_sync(Stream::d2h);
 }
 
+const std::byte* Executor::host_view(TensorId t) const {
+  if (!backend_.caps().host_is_device) return nullptr;
+  backend_.sync_all();
+  return device_ptr(t);
+}
+
 void Executor::run(const Program& prog) {
   if (prog.is_training) ++ctx_.step;
   ctx_.training = prog.is_training ? 1 : 0;

@@ -49,6 +49,10 @@ class Executor {
   // Synchronous whole-tensor access (weights at start-up, checkpoints, tests).
   void write_tensor(TensorId t, const void* src, size_t bytes);
   void read_tensor(TensorId t, void* dst, size_t bytes) const;
+  // Where the tensor's bytes can be read in place, when the device's memory
+  // is host memory (the CPU backend), after waiting for queued work; null
+  // otherwise (read_tensor copies then).
+  const std::byte* host_view(TensorId t) const;
 
   void run(const Program& prog);
 

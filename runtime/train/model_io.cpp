@@ -60,19 +60,20 @@ void save_session(const XmcSession& s, const std::string& path, bool checkpoint,
   meta.set_string(meta_keys::kKind, checkpoint ? "checkpoint" : "model");
   meta.set_string(kMetaModelSpec, spec_to_json(s.model().spec));
   meta.set_u64(meta_keys::kStep, s.step());
-  std::vector<std::vector<std::byte>> buffers;
+  // On the CPU the arena is host memory: the writer reads the tensors in
+  // place. Elsewhere each is copied out first (the file's size in host memory).
+  std::vector<std::vector<std::byte>> copies;
   std::vector<TensorData> data;
   for (size_t t = 0; t < g.num_tensors(); ++t) {
-    const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
+    const auto id = static_cast<TensorId>(t);
+    const TensorDesc& d = g.tensor(id);
     if (!carried(d.role, checkpoint)) continue;
-    buffers.push_back(s.read(d.name));
-  }
-  size_t i = 0;
-  for (size_t t = 0; t < g.num_tensors(); ++t) {
-    const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
-    if (!carried(d.role, checkpoint)) continue;
-    data.push_back({static_cast<TensorId>(t), buffers[i].data(), buffers[i].size()});
-    ++i;
+    const void* p = s.executor().host_view(id);
+    if (!p) {
+      copies.push_back(s.read(d.name));
+      p = copies.back().data();
+    }
+    data.push_back({id, p, d.bytes()});
   }
   write_pooch_file(path, meta, g, data);
 }
