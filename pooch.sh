@@ -18,10 +18,21 @@ DEBIAN_PACKAGES=(
 BENCH_PACKAGES=(python3-torch python3-numpy time)
 
 as_root() {
-  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+  if [ "$(id -u)" = 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "pooch.sh: installing packages needs root: run this as root, or install sudo" >&2
+    exit 1
+  fi
 }
 
 install_missing() {
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "pooch.sh: not a Debian system: install the dependencies in docs/BUILD.md yourself" >&2
+    return 0
+  fi
   local missing=()
   for p in "${DEBIAN_PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 namespace cli {
 
@@ -120,11 +121,22 @@ std::string format_bytes(double b) {
   return buf;
 }
 
+namespace {
+// What is wrong with a --device-memory value; empty for a size above 0.
+std::string device_memory_error(const std::string& v) {
+  size_t b = 0;
+  if (!parse_size(v, &b))
+    return "'" + v + "' is not a size (use bytes or a number with K, M, G or T, e.g. 512M or 4G)";
+  if (b == 0) return "'" + v + "' is no memory; leave the flag out to use all the device offers";
+  return {};
+}
+}  // namespace
+
 void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_device) {
   f.device = default_device;
   app->add_option("--threads", f.threads, "CPU threads (0: all cores)")
       ->group("Device")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   app->add_option("--device", f.device, "Where to run: cpu, cuda or auto (CUDA when present)")
       ->group("Device")
@@ -135,14 +147,7 @@ void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_
                   "device offers")
       ->type_name("SIZE")
       ->group("Device")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            size_t b = 0;
-            if (parse_size(v, &b)) return {};
-            return "'" + v +
-                   "' is not a size (use bytes or a number with K, M, G or T, e.g. 512M or 4G)";
-          },
-          ""));
+      ->check(CLI::Validator([](std::string& v) { return device_memory_error(v); }, ""));
 }
 
 bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::string* error) {
@@ -152,15 +157,68 @@ bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::stri
                                    : POOCH_DEVICE_AUTO;
   p->device_memory = 0;
   if (!f.device_memory.empty()) {
-    size_t b = 0;
-    if (!parse_size(f.device_memory, &b)) {
-      *error = "--device-memory: '" + f.device_memory +
-               "' is not a size (use bytes or a number with K, M, G or T, e.g. 512M or 4G)";
+    const std::string e = device_memory_error(f.device_memory);
+    if (!e.empty()) {
+      *error = "--device-memory: " + e;
       return false;
     }
-    p->device_memory = b;
+    parse_size(f.device_memory, &p->device_memory);
   }
   return true;
+}
+
+int open_session(pooch_model* model, const DeviceFlags& f, SessionHandle& s, Output& out) {
+  pooch_session_params sp;
+  pooch_session_default_params(&sp);
+  sp.resume = 0;
+  std::string err;
+  if (!apply_device_flags(f, &sp, &err)) return out.fail(kUsage, err);
+  if (pooch_status st = pooch_session_create(model, &sp, &s.p)) return out.fail(st, "session");
+  return kOk;
+}
+
+int check_output_paths(std::initializer_list<OutputPath> paths, Output& out) {
+  namespace fs = std::filesystem;
+  for (const OutputPath& o : paths) {
+    if (o.path.empty()) continue;
+    const std::string flag = o.flag;
+    std::error_code ec;
+    if (fs::is_directory(o.path, ec))
+      return out.fail(kBadInput, flag + ": '" + o.path + "' is a directory; give a file name");
+    const fs::path dir = fs::path(o.path).parent_path();
+    if (!dir.empty() && !fs::is_directory(dir, ec))
+      return out.fail(kBadInput, flag + ": the directory '" + dir.string() + "' (of '" + o.path +
+                                     "') does not exist; create it first");
+  }
+  return kOk;
+}
+
+namespace {
+// Checks a number flag's text: > 0, or >= 0 with `zero_ok`.
+CLI::Validator number_check(bool zero_ok) {
+  return CLI::Validator(
+      [zero_ok](std::string& v) -> std::string {
+        double x = 0;
+        try {
+          size_t used = 0;
+          x = std::stod(v, &used);
+          if (used != v.size()) return "'" + v + "' is not a number";
+        } catch (...) {
+          return "'" + v + "' is not a number";
+        }
+        if (x > 0 || (zero_ok && x == 0)) return {};
+        return v + (zero_ok ? " is negative; use 0 or more" : " is not a positive number");
+      },
+      zero_ok ? "NONNEGATIVE" : "POSITIVE");
+}
+}  // namespace
+
+CLI::Validator positive() {
+  return number_check(false);
+}
+
+CLI::Validator non_negative() {
+  return number_check(true);
 }
 
 void add_json_flag(CLI::App* app, Output& out) {
@@ -227,7 +285,6 @@ std::string shell_quote(const std::string& w) {
 
 double tidy(float x) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
   for (int digits = 6; digits <= 9; ++digits) {
     std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(x));
     if (std::strtof(buf, nullptr) == x) break;

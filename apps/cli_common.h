@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -69,28 +70,37 @@ bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::stri
 
 void add_json_flag(CLI::App* app, Output& out);
 
-// Owning handles.
-struct ModelHandle {
-  pooch_model* p = nullptr;
-  ModelHandle() = default;
-  ModelHandle(const ModelHandle&) = delete;
-  ModelHandle& operator=(const ModelHandle&) = delete;
-  ~ModelHandle() { pooch_model_free(&p); }
+// Number checks whose messages read well ("--batch: 0 is not a positive
+// number"); CLI11's PositiveNumber prints "not in range 0.000000 to 1.8e308".
+CLI::Validator positive();
+CLI::Validator non_negative();
+
+// Owning handles: the C API's object, freed when the handle goes.
+template <typename T, void (*Free)(T**)>
+struct Handle {
+  T* p = nullptr;
+  Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { Free(&p); }
 };
-struct SessionHandle {
-  pooch_session* p = nullptr;
-  SessionHandle() = default;
-  SessionHandle(const SessionHandle&) = delete;
-  SessionHandle& operator=(const SessionHandle&) = delete;
-  ~SessionHandle() { pooch_session_free(&p); }
+using ModelHandle = Handle<pooch_model, pooch_model_free>;
+using SessionHandle = Handle<pooch_session, pooch_session_free>;
+using DatasetHandle = Handle<pooch_dataset, pooch_dataset_free>;
+
+// A session that runs `model` (no training) where the device flags say.
+// Exit code.
+int open_session(pooch_model* model, const DeviceFlags& f, SessionHandle& s, Output& out);
+
+// Exit 2 (naming the flag and the path) unless the directory that is to hold
+// each output file exists and the path is not itself a directory: checked
+// before a run spends time, not when it writes at the end. Empty paths
+// (flags not given) are skipped.
+struct OutputPath {
+  const char* flag;
+  const std::string& path;
 };
-struct DatasetHandle {
-  pooch_dataset* p = nullptr;
-  DatasetHandle() = default;
-  DatasetHandle(const DatasetHandle&) = delete;
-  DatasetHandle& operator=(const DatasetHandle&) = delete;
-  ~DatasetHandle() { pooch_dataset_free(&p); }
-};
+int check_output_paths(std::initializer_list<OutputPath> paths, Output& out);
 
 // The memory report of a session as one printed line and as JSON.
 void print_memory(const pooch_session* s, Output& out);

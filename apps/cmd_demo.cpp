@@ -27,7 +27,7 @@ int run_demo(DemoOpts& o) {
   data.name = o.preset;
   if (pooch_status st = pooch_dataset_create_synth(o.preset.c_str(), o.scale, o.train.seed,
                                                    &data.train.p, &data.test.p))
-    return out.fail(st, "synth " + o.preset);
+    return out.fail(st, "generating the data set");
   data.train_source = o.preset + " (synthetic train)";
   data.test_source = o.preset + " (synthetic test)";
   const Shape tr = shape_of(data.train.p), te = shape_of(data.test.p);
@@ -70,25 +70,25 @@ Command add_demo(CLI::App& app) {
   c->add_option("--preset", o->preset, "Synthetic data set shape (see synth)")
       ->capture_default_str();
   c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   c->add_option("--hidden", o->model.hidden, "Hidden width")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   c->add_option("--fan-in", o->model.fan_in, "Inputs per label (0: dense head)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   c->add_option("--loss", o->model.loss, "squared-hinge, bce or softmax")
       ->check(CLI::IsMember({"squared-hinge", "bce", "softmax"}))
       ->capture_default_str();
   c->add_option("--batch", o->train.batch, "Rows per step")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   c->add_option("--epochs", o->train.epochs, "Passes over the data")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   c->add_option("--lr", o->train.lr, "Learning rate (Adam)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   c->add_option("--seed", o->train.seed, "Data and weight seed")->capture_default_str();
   add_device_flags(c, o->device, "cpu");

@@ -27,7 +27,8 @@ int run_eval(EvalOpts& o) {
   if (pooch_status st = pooch_model_load(o.model.c_str(), &model.p))
     return out.fail(st, "--model " + o.model);
   out.result()["model"] = o.model;
-  if (int rc = check_data_fits(model.p, data.test.p, data.test_source, false, out)) return rc;
+  // The library evaluates only data exactly as wide as the model (as in training).
+  if (int rc = check_data_fits(model.p, data.test.p, data.test_source, true, out)) return rc;
   if (o.batch > 0)
     if (pooch_status st = pooch_model_set_run_shape(model.p, o.batch, 0, 5))
       return out.fail(st, "--batch");
@@ -37,13 +38,8 @@ int run_eval(EvalOpts& o) {
   float a = 0, b = 0;
   if (int rc = propensity(tf, data.name, &a, &b, out)) return rc;
 
-  pooch_session_params sp;
-  pooch_session_default_params(&sp);
-  sp.resume = 0;
-  std::string err;
-  if (!apply_device_flags(o.device, &sp, &err)) return out.fail(kUsage, err);
   SessionHandle s;
-  if (pooch_status st = pooch_session_create(model.p, &sp, &s.p)) return out.fail(st, "session");
+  if (int rc = open_session(model.p, o.device, s, out)) return rc;
   const auto t0 = std::chrono::steady_clock::now();
   pooch_metrics m{};
   if (pooch_status st = pooch_evaluate(s.p, data.test.p, data.train.p, a, b, &m))
@@ -65,8 +61,7 @@ Command add_eval(CLI::App& app) {
   CLI::App* c = app.add_subcommand("eval", "Print P@k, nDCG@k and PSP@k of a model on a test set");
   c->add_option("--model", o->model, "Model or checkpoint")->type_name("M.pooch")->required();
   add_data_flags(c, o->data, DataUse::eval);
-  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")
-      ->check(CLI::PositiveNumber);
+  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")->check(positive());
   c->add_option("--propensity", o->propensity,
                 "PSP@k propensity parameters A,B (default: by the data set's name)")
       ->type_name("A,B");

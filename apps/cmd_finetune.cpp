@@ -24,6 +24,10 @@ int run_finetune(FinetuneOpts& o) {
   const bool resume = !o.train.resume.empty();
   if (o.model.empty() && !resume)
     return out.fail(kUsage, "finetune: --model is required (or --resume CKPT)");
+  if (int rc = check_output_paths(
+          {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
+          out))
+    return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   ModelHandle model;
@@ -77,7 +81,7 @@ Command add_finetune(CLI::App& app) {
                 "Replace the output layer by a fresh one over L labels (default: the data's "
                 "label count when it differs from the model's; 0: keep the head)")
       ->type_name("L")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   add_data_flags(c, o->data, DataUse::train);
   add_train_flags(c, o->train, true);
   add_device_flags(c, o->device);

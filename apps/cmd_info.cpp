@@ -14,7 +14,7 @@ namespace {
 
 struct InfoOpts {
   std::string path;
-  bool ops = true;
+  bool no_ops = false;
   Output output{"info"};
 };
 
@@ -168,7 +168,7 @@ int run_info(InfoOpts& o) {
   for (auto& [op, c] : op_counts)
     counts += (counts.empty() ? "" : ", ") + op + " " + std::to_string(c);
   std::printf(" (%s)\n", counts.c_str());
-  if (o.ops) {
+  if (!o.no_ops) {
     std::vector<std::vector<std::string>> rows{{"#", "op", "inputs", "outputs", "attributes"}};
     for (size_t i = 0; i < nodes.size(); ++i) {
       const Json& n = nodes[i];
@@ -182,7 +182,7 @@ int run_info(InfoOpts& o) {
 
   // Tensor table: the stored tensors, then a summary of the others.
   std::vector<std::vector<std::string>> rows{
-      {"name", "dtype", "shape", "role", "bytes", "offset", "xxh3"}};
+      {"name", "dtype", "shape", "role", "size", "offset", "xxh3"}};
   std::map<std::string, std::pair<int64_t, double>> by_role, unstored;
   double stored_bytes = 0;
   for (const auto& t : tensors) {
@@ -228,7 +228,7 @@ Command add_info(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "info", "Show everything in a .pooch file: metadata, spec, graph ops, tensor table");
   c->add_option("file", o->path, "Model or checkpoint")->type_name("FILE.pooch")->required();
-  c->add_flag("!--no-ops", o->ops, "Leave out the list of graph ops");
+  c->add_flag("--no-ops", o->no_ops, "Leave out the list of graph ops");
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_info(*o)); }};
 }

@@ -1,6 +1,10 @@
 // pooch-run predict: the top-k labels of each row of an input file, one line
 // per row: "label:score label:score ...".
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -17,14 +21,49 @@ struct PredictOpts {
   std::string input;
   std::string input_labels;
   int k = 5;
+  CLI::Option* k_option = nullptr;  // to tell a given --k from the default
   std::string out;
   int64_t batch = 0;
   DeviceFlags device;
   Output output{"predict"};
 };
 
+// The --out file, written as <out>.tmp-<pid> and renamed into place once
+// every row is written: a failed run leaves no partial file behind.
+class OutFile {
+ public:
+  ~OutFile() {
+    if (f_) {
+      std::fclose(f_);
+      std::remove(tmp_.c_str());
+    }
+  }
+  bool open(const std::string& path) {
+    path_ = path;
+    tmp_ = path + ".tmp-" + std::to_string(getpid());
+    f_ = std::fopen(tmp_.c_str(), "w");
+    return f_ != nullptr;
+  }
+  FILE* get() const { return f_; }
+  bool commit() {
+    const bool ok = std::fclose(f_) == 0 && std::rename(tmp_.c_str(), path_.c_str()) == 0;
+    f_ = nullptr;
+    if (!ok) {
+      const int e = errno;  // for the message, past remove()
+      std::remove(tmp_.c_str());
+      errno = e;
+    }
+    return ok;
+  }
+
+ private:
+  FILE* f_ = nullptr;
+  std::string path_, tmp_;
+};
+
 int run_predict(PredictOpts& o) {
   Output& out = o.output;
+  if (int rc = check_output_paths({{"--out", o.out}}, out)) return rc;
   ModelHandle model;
   if (pooch_status st = pooch_model_load(o.model.c_str(), &model.p))
     return out.fail(st, "--model " + o.model);
@@ -35,63 +74,62 @@ int run_predict(PredictOpts& o) {
               ? pooch_dataset_load(o.input.c_str(), &ds.p)
               : pooch_dataset_load_split(o.input.c_str(), o.input_labels.c_str(), &ds.p))
     return out.fail(st, "--input " + o.input);
-  {
-    const SpecShape spec = spec_shape(model.p);
-    const Shape in = shape_of(ds.p);
-    const bool dense = pooch_dataset_is_dense(ds.p) != 0;
-    if (dense != spec.dense || in.features > spec.width)
-      return out.fail(kBadInput, "--input: " + o.input + " has " + std::to_string(in.features) +
-                                     (dense ? " dense" : "") + " features, but the model takes " +
-                                     std::to_string(spec.width) +
-                                     (spec.dense ? " dense" : " sparse") + " features");
+  const SpecShape spec = spec_shape(model.p);
+  const Shape in = shape_of(ds.p);
+  const bool dense = pooch_dataset_is_dense(ds.p) != 0;
+  if (dense != spec.dense)
+    return out.fail(kBadInput, "--input: " + o.input + " holds " +
+                                   (dense ? "dense (.npy)" : "sparse") + " rows, but the model " +
+                                   o.model + " takes " + (spec.dense ? "dense" : "sparse") +
+                                   " input");
+  if (in.features > spec.width)
+    return out.fail(kBadInput, "--input: " + o.input + " has " + std::to_string(in.features) +
+                                   " features, but the model " + o.model + " takes " +
+                                   std::to_string(spec.width));
+  // The default k shrinks to a model with fewer labels; a --k given does not.
+  int k = o.k;
+  if (k > spec.labels) {
+    if (o.k_option->count() > 0)
+      return out.fail(kUsage, "--k " + std::to_string(k) + ": the model " + o.model + " has only " +
+                                  std::to_string(spec.labels) + " labels; use --k " +
+                                  std::to_string(spec.labels) + " or less");
+    k = static_cast<int>(spec.labels);
   }
-  if (pooch_status st = pooch_model_set_run_shape(model.p, o.batch, 0, o.k))
-    return out.fail(st, "--k " + std::to_string(o.k));
+  if (pooch_status st = pooch_model_set_run_shape(model.p, o.batch, 0, k))
+    return out.fail(st, "--k " + std::to_string(k));
   if (int rc = fit_max_nnz(model.p, {ds.p}, out)) return rc;
 
-  pooch_session_params sp;
-  pooch_session_default_params(&sp);
-  sp.resume = 0;
-  std::string err;
-  if (!apply_device_flags(o.device, &sp, &err)) return out.fail(kUsage, err);
   SessionHandle s;
-  if (pooch_status st = pooch_session_create(model.p, &sp, &s.p)) return out.fail(st, "session");
+  if (int rc = open_session(model.p, o.device, s, out)) return rc;
 
-  FILE* f = stdout;
-  if (!o.out.empty()) {
-    f = std::fopen(o.out.c_str(), "w");
-    if (!f) return out.fail(kBadInput, "--out: cannot open '" + o.out + "' for writing");
-  }
+  OutFile file;
+  if (!o.out.empty() && !file.open(o.out))
+    return out.fail(kBadInput, "--out: cannot write '" + o.out + "': " + std::strerror(errno));
+  FILE* f = o.out.empty() ? stdout : file.get();
   // With --json and no --out, the predictions go into the JSON object only.
   const bool into_json = out.json && o.out.empty();
   Json rows_json = Json::array();
 
-  const Shape shape = shape_of(ds.p);
   int64_t batch = o.batch;
   if (batch <= 0) {
-    const Json spec = Json::parse(pooch_model_spec_json(model.p), nullptr, false);
-    batch = spec.is_object() ? spec.value("batch", int64_t{64}) : 64;
+    const Json j = Json::parse(pooch_model_spec_json(model.p), nullptr, false);
+    batch = j.is_object() ? j.value("batch", int64_t{64}) : 64;
   }
-  std::vector<int32_t> labels(static_cast<size_t>(batch * o.k));
+  std::vector<int32_t> labels(static_cast<size_t>(batch * k));
   std::vector<float> scores(labels.size());
   const auto t0 = std::chrono::steady_clock::now();
-  int rc = kOk;
   std::string line;
-  for (int64_t first = 0; first < shape.rows; first += batch) {
+  for (int64_t first = 0; first < in.rows; first += batch) {
     pooch_batch b{};
-    if (pooch_status st = pooch_dataset_batch(ds.p, first, batch, &b)) {
-      rc = out.fail(st, "reading rows");
-      break;
-    }
-    if (pooch_status st = pooch_session_predict(s.p, &b, o.k, labels.data(), scores.data())) {
-      rc = out.fail(st, "predicting");
-      break;
-    }
+    if (pooch_status st = pooch_dataset_batch(ds.p, first, batch, &b))
+      return out.fail(st, "reading rows");
+    if (pooch_status st = pooch_session_predict(s.p, &b, k, labels.data(), scores.data()))
+      return out.fail(st, "predicting");
     for (int64_t r = 0; r < b.rows; ++r) {
       line.clear();
       Json row = Json::array();
-      for (int j = 0; j < o.k; ++j) {
-        const size_t at = static_cast<size_t>(r * o.k + j);
+      for (int j = 0; j < k; ++j) {
+        const size_t at = static_cast<size_t>(r * k + j);
         if (labels[at] < 0) continue;
         if (into_json) {
           row.push_back({labels[at], tidy(scores[at])});
@@ -108,15 +146,14 @@ int run_predict(PredictOpts& o) {
         std::fprintf(f, "%s\n", line.c_str());
     }
   }
-  if (f != stdout && std::fclose(f) != 0 && rc == kOk)
-    rc = out.fail(kBadInput, "--out: writing '" + o.out + "' failed");
-  if (rc != kOk) return rc;
+  if (!o.out.empty() && !file.commit())
+    return out.fail(kBadInput, "--out: writing '" + o.out + "' failed: " + std::strerror(errno));
   const double secs = seconds_since(t0);
   if (!o.out.empty())
-    std::printf("predicted the top %d labels of %lld rows in %.2f s into %s\n", o.k,
-                static_cast<long long>(shape.rows), secs, o.out.c_str());
-  out.result()["rows"] = shape.rows;
-  out.result()["k"] = o.k;
+    std::printf("predicted the top %d labels of %lld rows in %.2f s into %s\n", k,
+                static_cast<long long>(in.rows), secs, o.out.c_str());
+  out.result()["rows"] = in.rows;
+  out.result()["k"] = k;
   out.result()["seconds"] = secs;
   if (!o.out.empty()) out.result()["out"] = o.out;
   if (into_json) out.result()["predictions"] = std::move(rows_json);
@@ -137,10 +174,12 @@ Command add_predict(CLI::App& app) {
       ->required();
   c->add_option("--input-labels", o->input_labels, "Labels file of split-form --input")
       ->type_name("FILE");
-  c->add_option("--k", o->k, "Labels per row")->check(CLI::Range(1, 1000))->capture_default_str();
+  o->k_option =
+      c->add_option("--k", o->k, "Labels per row (the default shrinks to the model's labels)")
+          ->check(CLI::Range(1, 1000))
+          ->capture_default_str();
   c->add_option("--out", o->out, "Write the predictions here (default: stdout)")->type_name("FILE");
-  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")
-      ->check(CLI::PositiveNumber);
+  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")->check(positive());
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_predict(*o)); }};

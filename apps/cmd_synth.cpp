@@ -25,7 +25,7 @@ int run_synth(SynthOpts& o) {
   DatasetHandle train, test;
   if (pooch_status st =
           pooch_dataset_create_synth(o.preset.c_str(), o.scale, o.seed, &train.p, &test.p))
-    return out.fail(st, "synth " + o.preset);
+    return out.fail(st, "generating the data set");
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
   if (ec) return out.fail(kBadInput, "synth: cannot create '" + o.out + "': " + ec.message());
@@ -63,7 +63,7 @@ Command add_synth(CLI::App& app) {
                 "EURLex-4K, Wiki10-31K, AmazonCat-13K, Wiki-500K, Amazon-670K or Amazon-3M")
       ->capture_default_str();
   c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   c->add_option("--seed", o->seed, "Seed (the same seed gives the same bytes)")
       ->capture_default_str();

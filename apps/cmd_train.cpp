@@ -20,6 +20,10 @@ struct TrainOpts {
 
 int run_train(TrainOpts& o) {
   Output& out = o.output;
+  if (int rc = check_output_paths(
+          {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
+          out))
+    return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   ModelHandle model;

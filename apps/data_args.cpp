@@ -54,13 +54,11 @@ Json shape_json(const pooch_dataset* ds, const std::string& source) {
 }
 
 std::string base_name(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const fs::path fp(p);
-  std::string name = fp.filename().string();
-  if (name == "." || name.empty()) name = fs::absolute(fp).lexically_normal().filename().string();
-  if (name.empty()) name = fs::absolute(fp).lexically_normal().parent_path().filename().string();
-  return name;
+  // Absolute and normal, so that "data/", "." and "../x" name a folder too.
+  if (path.empty()) return {};
+  fs::path p = fs::absolute(path).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  return p.filename().string();
 }
 
 std::string parent_dir(const std::string& path) {
@@ -87,22 +85,28 @@ int load_one(const std::string& path, const std::string& labels_path, const char
 }
 
 int load_data(const DataFlags& f, DataUse use, Data& d, Output& out) {
-  const bool have_dir = !f.dir.empty();
-  const bool have_files = !f.train.empty() || !f.test.empty();
-  const bool have_split = !f.train_features.empty() || !f.train_labels.empty() ||
-                          !f.test_features.empty() || !f.test_labels.empty();
-  if (int(have_dir) + int(have_files) + int(have_split) > 1 &&
-      !(have_files && have_split && use == DataUse::eval))
+  // Each set comes in one form: --data DIR names both; otherwise each of the
+  // training and test sets is a bag-of-words file or a split pair.
+  const bool split_train = !f.train_features.empty() || !f.train_labels.empty();
+  const bool split_test = !f.test_features.empty() || !f.test_labels.empty();
+  if (!f.dir.empty() && (!f.train.empty() || !f.test.empty() || split_train || split_test))
     return out.fail(kUsage,
-                    "data: give one of --data DIR, --train/--test FILE or the split files "
-                    "(--train-features/--train-labels/--test-features/--test-labels)");
+                    "data: --data DIR names the training and test sets; leave out --train, "
+                    "--test and the split files (--train-features ...) with it");
+  if (!f.train.empty() && split_train)
+    return out.fail(kUsage,
+                    "data: give the training set once: --train FILE or "
+                    "--train-features/--train-labels");
+  if (!f.test.empty() && split_test)
+    return out.fail(kUsage,
+                    "data: give the test set once: --test FILE or --test-features/--test-labels");
   if (!f.train_features.empty() != !f.train_labels.empty())
     return out.fail(kUsage, "data: --train-features and --train-labels go together");
   if (!f.test_features.empty() != !f.test_labels.empty())
     return out.fail(kUsage, "data: --test-features and --test-labels go together");
 
   std::string train_path, train_labels, test_path, test_labels;
-  if (have_dir) {
+  if (!f.dir.empty()) {
     if (!fs::is_directory(f.dir))
       return out.fail(kBadInput, "data: '" + f.dir + "' is not a directory");
     train_path = (fs::path(f.dir) / "train.txt").string();

@@ -10,10 +10,14 @@
 
 int main(int argc, char** argv) {
   cli::set_argv(argc, argv);
-  CLI::App app{"pooch-run: train and run neural networks larger than the GPU they run on",
-               "pooch-run"};
+  CLI::App app{"pooch-run: train, finetune, evaluate and run pooch models", "pooch-run"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(pooch_version_str()));
+  // Flag errors in the form of every other error: "pooch-run: <what>".
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "pooch-run: " + std::string(e.what()) +
+           "\n`pooch-run --help` lists the commands, `pooch-run <command> --help` their flags.\n";
+  });
   app.footer(
       "Exit codes: 0 success, 1 usage, 2 bad input, 3 out of memory budget, 4 internal "
       "error. `pooch-run <command> --help` lists a command's flags; docs/CLI.md has more.");

@@ -27,8 +27,11 @@ void Progress::step(int64_t step, float loss, int epoch, int64_t batch, int64_t 
   loss_sum_ += loss;
   ++loss_n_;
   const int64_t done = batch;
+  // Steps per second since the epoch's first step (unknown until the second).
   const double secs = std::chrono::duration<double>(now - epoch_start_).count();
-  const double rate = secs > 0 ? static_cast<double>(loss_n_) / secs : 0;
+  const double rate = secs > 0 ? static_cast<double>(loss_n_ - 1) / secs : 0;
+  char speed[48] = "-";
+  if (rate > 0) std::snprintf(speed, sizeof speed, "%.1f", rate);
   const double mean = loss_sum_ / static_cast<double>(std::max<int64_t>(1, loss_n_));
   if (tty_) {
     if (done < batches && now - last_draw_ < std::chrono::milliseconds(100)) return;
@@ -39,10 +42,12 @@ void Progress::step(int64_t step, float loss, int epoch, int64_t batch, int64_t 
     std::string bar(static_cast<size_t>(fill), '=');
     if (fill < kWidth) bar += '>';
     bar.resize(kWidth, ' ');
-    const double eta = rate > 0 ? static_cast<double>(batches - done) / rate : 0;
-    std::printf("\r\033[Kepoch %d/%d [%s] %lld/%lld  loss %.5f  %.1f steps/s  eta %.0f s", epoch,
+    char eta[48] = "-";
+    if (rate > 0)
+      std::snprintf(eta, sizeof eta, "%.0f s", static_cast<double>(batches - done) / rate);
+    std::printf("\r\033[Kepoch %d/%d [%s] %lld/%lld  loss %.5f  %s steps/s  epoch eta %s", epoch,
                 epochs_, bar.c_str(), static_cast<long long>(done), static_cast<long long>(batches),
-                mean, rate, eta);
+                mean, speed, eta);
     std::fflush(stdout);
     bar_shown_ = true;
     return;
@@ -52,9 +57,9 @@ void Progress::step(int64_t step, float loss, int epoch, int64_t batch, int64_t 
   if (done % every != 0 && done != batches && step != 1) return;
   if (done == last_line_batch_) return;
   last_line_batch_ = done;
-  std::printf("epoch %d/%d  step %lld  batch %lld/%lld  loss %.5f  %.1f steps/s\n", epoch, epochs_,
+  std::printf("epoch %d/%d  step %lld  batch %lld/%lld  loss %.5f  %s steps/s\n", epoch, epochs_,
               static_cast<long long>(step), static_cast<long long>(done),
-              static_cast<long long>(batches), mean, rate);
+              static_cast<long long>(batches), mean, speed);
   std::fflush(stdout);
 }
 

@@ -11,17 +11,16 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <new>
-#include <system_error>
 #include <unordered_map>
 
 #include "../kernels/common/kernel_abi.h"
 #include "../runtime/core/error.h"
 #include "../runtime/core/op_registry.h"
+#include "xmc_io.h"
 
 namespace pooch {
 
@@ -124,10 +123,6 @@ void check_name_arg(std::string_view what, std::string_view s) {
   if (const char* p = string_problem(s))
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("{} {}; names must be UTF-8 without NUL", what, p));
-}
-
-std::string os_error(int err) {
-  return std::error_code(err, std::generic_category()).message();
 }
 
 // Saturating byte size of dtype × dims, or nullopt above the format's limit.
@@ -841,109 +836,6 @@ void check_zero(const Parser& p, uint64_t from, uint64_t to, const char* where) 
 // ---------------------------------------------------------------------------
 // Files
 
-// A temporary file beside the target, removed unless it was renamed into place.
-class TempFile {
- public:
-  explicit TempFile(const std::string& target) : target_(target) {
-    static std::atomic<uint64_t> counter{0};
-    for (int attempt = 0;; ++attempt) {
-      path_ = fmt::format("{}.tmp-{}-{}", target, ::getpid(), counter++);
-      // O_EXCL: never reuse a name another writer holds; mode 0666 lets the
-      // umask decide permissions, as for any newly created file.
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_ >= 0) return;
-      if (errno != EEXIST || attempt >= 100) fail("create");
-    }
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!renamed_) ::unlink(path_.c_str());
-  }
-
-  void write_all(const void* data, size_t n) {
-    const auto* b = static_cast<const char*>(data);
-    while (n > 0) {
-      // Linux moves at most about 2 GiB per call; loop for the rest and for short writes.
-      const ssize_t r = ::write(fd_, b, std::min<size_t>(n, size_t{1} << 30));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        fail(fmt::format("write byte {} of", written_));
-      }
-      if (r == 0) {
-        errno = EIO;
-        fail(fmt::format("write byte {} of", written_));
-      }
-      b += r;
-      n -= static_cast<size_t>(r);
-      written_ += static_cast<uint64_t>(r);
-    }
-  }
-
-  void sync_and_close() {
-    if (::fsync(fd_) != 0) fail("fsync");
-    const int fd = fd_;
-    fd_ = -1;
-    // close can report a deferred write error (NFS, quotas): it counts.
-    if (::close(fd) != 0) fail("close");
-  }
-
-  void rename_into_place() {
-    if (::rename(path_.c_str(), target_.c_str()) != 0) {
-      const int err = errno;
-      throw Error(POOCH_ERR_IO, fmt::format("cannot write '{}': renaming '{}' over it failed: {}; "
-                                            "'{}' was left unchanged. Check that the path is not "
-                                            "a directory and that its directory is writable",
-                                            target_, path_, os_error(err), target_));
-    }
-    renamed_ = true;
-  }
-
-  uint64_t written() const { return written_; }
-
- private:
-  [[noreturn]] void fail(const std::string& step) {
-    const int err = errno;
-    throw Error(POOCH_ERR_IO, fmt::format("cannot write '{}': {} '{}' failed: {}; '{}' was left "
-                                          "unchanged. Check that the directory exists and is "
-                                          "writable and that the disk has space",
-                                          target_, step, path_, os_error(err), target_));
-  }
-
-  std::string target_, path_;
-  int fd_ = -1;
-  bool renamed_ = false;
-  uint64_t written_ = 0;
-};
-
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// Makes the rename durable: without it a crash can bring back the old entry.
-void sync_dir(const std::string& path) {
-  const std::string dir = parent_dir(path);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  int err = 0;
-  if (fd < 0) {
-    err = errno;
-  } else {
-    if (::fsync(fd) != 0) err = errno;
-    ::close(fd);
-  }
-  // Some file systems cannot sync a directory at all (EINVAL): nothing more can be done there.
-  if (err != 0 && err != EINVAL && err != ENOTSUP)
-    throw Error(POOCH_ERR_IO,
-                fmt::format("'{}' was written, but syncing its directory '{}' failed: "
-                            "{}; the new file may not survive a power failure. "
-                            "Check the disk and write it again",
-                            path, dir, os_error(err)));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -1135,17 +1027,15 @@ void write_pooch_file(const std::string& path, const Metadata& meta, const Graph
   front.resize(data_off, std::byte{0});
 
   static const std::array<std::byte, kPoochAlign> zeros{};
-  TempFile tmp(path);
-  tmp.write_all(front.data(), front.size());
+  xmc_io::AtomicFile tmp(path);
+  tmp.write(front.data(), front.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    tmp.write_all(tensors[i].data, tensors[i].bytes);
+    tmp.write(tensors[i].data, tensors[i].bytes);
     const uint64_t end = offsets[i] + tensors[i].bytes;
-    tmp.write_all(zeros.data(), align64(end) - end);
+    tmp.write(zeros.data(), align64(end) - end);
   }
   POOCH_CHECK(tmp.written() == file_size, "(writer layout)");
-  tmp.sync_and_close();
-  tmp.rename_into_place();
-  sync_dir(path);
+  tmp.commit();
 }
 
 // ---------------------------------------------------------------------------
@@ -1215,7 +1105,7 @@ PoochFile read_pooch_file(const std::string& path, const ReadOptions& opts) {
     const int err = errno;
     throw Error(POOCH_ERR_IO, fmt::format("cannot open '{}': {}; check the path and its "
                                           "permissions",
-                                          path, os_error(err)));
+                                          path, xmc_io::errno_text(err)));
   }
   struct FdCloser {
     int fd;
@@ -1225,7 +1115,7 @@ PoochFile read_pooch_file(const std::string& path, const ReadOptions& opts) {
   if (::fstat(fd, &sb) != 0) {
     const int err = errno;
     throw Error(POOCH_ERR_IO,
-                fmt::format("cannot read '{}': fstat failed: {}", path, os_error(err)));
+                fmt::format("cannot read '{}': fstat failed: {}", path, xmc_io::errno_text(err)));
   }
   if (!S_ISREG(sb.st_mode))
     throw Error(POOCH_ERR_IO,
@@ -1259,7 +1149,8 @@ PoochFile read_pooch_file(const std::string& path, const ReadOptions& opts) {
         throw Error(POOCH_ERR_IO,
                     fmt::format("cannot read '{}' at byte {}: {}; check the disk, or whether "
                                 "another program is changing the file",
-                                path, got, err ? os_error(err) : "the file shrank while reading"));
+                                path, got,
+                                err ? xmc_io::errno_text(err) : "the file shrank while reading"));
       }
       got += static_cast<size_t>(r);
     }

@@ -32,7 +32,7 @@ inline constexpr uint32_t kMaxTensors = 1u << 24;
 inline constexpr uint32_t kMaxNodes = 1u << 24;
 inline constexpr uint32_t kMaxAttrs = 64;
 inline constexpr int64_t kMaxDim = int64_t{1} << 48;
-inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 62;
+inline constexpr uint64_t kMaxTensorBytes = pooch::kMaxTensorBytes;
 }  // namespace pooch_limits
 
 // Conventional metadata keys (docs/FORMAT.md "Models and checkpoints").

@@ -7,9 +7,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "runtime/core/error.h"
 
@@ -48,7 +50,7 @@ struct Fd {
 }  // namespace
 
 std::string errno_text(int err) {
-  return std::strerror(err);
+  return std::error_code(err, std::generic_category()).message();
 }
 
 MappedFile::MappedFile(const std::string& path) {
@@ -114,47 +116,82 @@ FileId file_id(const std::string& path) {
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   // pid plus a process-wide counter keeps concurrent writers (threads or
-  // processes) of the same target on distinct temporary files.
+  // processes) of one target apart; O_EXCL never reuses a name another
+  // writer holds, e.g. one left by a crashed process whose pid came back.
   static std::atomic<uint64_t> counter{0};
-  tmp_ = fmt::format("{}.tmp.{}.{}", path_, static_cast<long>(::getpid()), counter++);
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) io_fail("create", tmp_, errno, "check that the directory exists and is writable");
+  for (int attempt = 0;; ++attempt) {
+    tmp_ = fmt::format("{}.tmp-{}-{}", path_, static_cast<long>(::getpid()), counter++);
+    // Mode 0666 lets the umask decide permissions, as for any new file.
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ >= 0) return;
+    if (errno != EEXIST || attempt >= 100) fail("create");
+  }
 }
 
 AtomicFile::~AtomicFile() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_.c_str());
-  }
+  if (fd_ >= 0) ::close(fd_);
+  if (!renamed_) ::unlink(tmp_.c_str());
 }
 
 void AtomicFile::write(const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t put = ::write(fd_, p, n);
+    // Linux moves at most about 2 GiB per call; loop for the rest and for short writes.
+    const ssize_t put = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
     if (put < 0 && errno == EINTR) continue;
-    if (put < 0) io_fail("write", tmp_, errno, "check the free disk space");
+    if (put <= 0) {
+      if (put == 0) errno = EIO;
+      fail(fmt::format("write byte {} of", written_));
+    }
     p += put;
     n -= static_cast<size_t>(put);
+    written_ += static_cast<uint64_t>(put);
   }
 }
 
 void AtomicFile::commit() {
   // fsync before rename: otherwise a crash can leave the new name pointing
   // at a file whose data never reached the disk.
-  if (::fsync(fd_) != 0) io_fail("sync", tmp_, errno, "check the free disk space");
+  if (::fsync(fd_) != 0) fail("fsync");
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp_.c_str());
-    io_fail("close", tmp_, err, "check the free disk space");
-  }
+  // close can report a deferred write error (NFS, quotas): it counts.
+  if (::close(fd) != 0) fail("close");
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
-    ::unlink(tmp_.c_str());
-    io_fail("rename the temporary file onto", path_, err, "check that the directory is writable");
+    throw Error(POOCH_ERR_IO, fmt::format("cannot write '{}': renaming '{}' over it failed: {}; "
+                                          "'{}' was left unchanged. Check that the path is not "
+                                          "a directory and that its directory is writable",
+                                          path_, tmp_, errno_text(err), path_));
   }
+  renamed_ = true;
+  // Without syncing the directory a crash can bring back the old entry.
+  const size_t slash = path_.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int err = 0;
+  if (dfd < 0) {
+    err = errno;
+  } else {
+    if (::fsync(dfd) != 0) err = errno;
+    ::close(dfd);
+  }
+  // Some file systems cannot sync a directory at all (EINVAL): nothing more can be done there.
+  if (err != 0 && err != EINVAL && err != ENOTSUP)
+    throw Error(POOCH_ERR_IO,
+                fmt::format("'{}' was written, but syncing its directory '{}' failed: {}; the new "
+                            "file may not survive a power failure. Check the disk and write it "
+                            "again",
+                            path_, dir, errno_text(err)));
+}
+
+void AtomicFile::fail(const std::string& step) {
+  const int err = errno;
+  throw Error(POOCH_ERR_IO, fmt::format("cannot write '{}': {} '{}' failed: {}; '{}' was left "
+                                        "unchanged. Check that the directory exists and is "
+                                        "writable and that the disk has space",
+                                        path_, step, tmp_, errno_text(err), path_));
 }
 
 }  // namespace pooch::xmc_io

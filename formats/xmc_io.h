@@ -1,6 +1,6 @@
-// File plumbing shared by the XMC readers, writers and cache (internal to
-// formats/): whole-file mapping, file identity for cache keys, and atomic
-// replacement of a file.
+// File plumbing shared inside formats/ (the XMC readers, writers and cache,
+// and the .pooch writer): whole-file mapping, file identity for cache keys,
+// and atomic replacement of a file.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,23 +39,30 @@ struct FileId {
 };
 FileId file_id(const std::string& path);  // throws Error(POOCH_ERR_IO)
 
-// Writes `path` atomically: data goes to a temporary file in the same
-// directory, which commit() fsyncs and renames over `path`. Readers see the
-// old file or the whole new one, never a part; an uncommitted writer removes
-// its temporary file.
+// Writes `path` atomically and durably: data go to a temporary file beside
+// it (created exclusively, so no two writers share one), which commit()
+// fsyncs, renames over `path` and makes the rename durable by syncing the
+// directory. Readers see the old file or the whole new one, never a part; an
+// uncommitted writer removes its temporary file. Failures are
+// Error(POOCH_ERR_IO) naming the target and saying it was left unchanged.
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path);  // throws Error(POOCH_ERR_IO)
+  explicit AtomicFile(std::string path);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
-  void write(const void* data, size_t n);  // throws Error(POOCH_ERR_IO)
+  void write(const void* data, size_t n);
   void write(std::string_view s) { write(s.data(), s.size()); }
-  void commit();  // throws Error(POOCH_ERR_IO)
+  void commit();
+  uint64_t written() const { return written_; }
 
  private:
+  [[noreturn]] void fail(const std::string& step);
+
   std::string path_, tmp_;
   int fd_ = -1;
+  bool renamed_ = false;
+  uint64_t written_ = 0;
 };
 
 }  // namespace pooch::xmc_io

@@ -65,9 +65,9 @@ class Backend {
   // Host blocks until everything queued on `s` ran; rethrows the first error
   // any queued work raised.
   virtual void stream_sync(Stream s) = 0;
-  void sync_all() {
-    for (int i = 0; i < kNumStreams; ++i) stream_sync(static_cast<Stream>(i));
-  }
+  // Every stream, then rethrows the first error: stopping at a failed stream
+  // would leave the others' copies running into memory the caller reads next.
+  void sync_all();
 
   // This backend's kernels, fastest first within each op.
   virtual std::span<const kern::KernelVariant> kernels() const = 0;

@@ -68,8 +68,7 @@ std::vector<WeightGrad> build_backward(Graph& g, TensorId loss) {
                     fmt::format("'{}' is used by several ops and has a row-sparse gradient; "
                                 "summing row-sparse gradients is not supported",
                                 g.tensor(static_cast<TensorId>(x)).name));
-      grad[x] = g.add_op1("add", {grad[x], dx[k]}, {},
-                          g.unique_name(g.tensor(static_cast<TensorId>(x)).name + ".grad"),
+      grad[x] = g.add_op1("add", {grad[x], dx[k]}, {}, grad_name(g, static_cast<TensorId>(x)),
                           Role::gradient);
     }
   }

@@ -59,6 +59,23 @@ TensorId Graph::add_tensor(TensorDesc desc) {
   if (desc.shape.size() > kern::kMaxDims)
     throw Error(POOCH_ERR_INVALID_ARG, fmt::format("tensor '{}' has {} dimensions; at most {}",
                                                    desc.name, desc.shape.size(), kern::kMaxDims));
+  if (dtype_size(desc.dtype) == 0)
+    throw Error(POOCH_ERR_INVALID_ARG, fmt::format("tensor '{}' has the unknown dtype {}",
+                                                   desc.name, static_cast<int>(desc.dtype)));
+  // numel() and bytes() multiply the dimensions in order without checks, and
+  // the arena is sized from them: a product past this bound would wrap into a
+  // small buffer that kernels then overrun. Zero dimensions are skipped, as a
+  // running product may overflow before a later 0 is reached.
+  uint64_t elems = 1;
+  for (int64_t d : desc.shape)
+    if (d != 0) {
+      if (static_cast<uint64_t>(d) > kMaxTensorBytes / dtype_size(desc.dtype) / elems)
+        throw Error(POOCH_ERR_INVALID_ARG,
+                    fmt::format("tensor '{}' {} {} would take more than 2^62 bytes; use smaller "
+                                "dimensions (batch size, layer widths, label count)",
+                                desc.name, dtype_name(desc.dtype), shape_str(desc.shape)));
+      elems *= static_cast<uint64_t>(d);
+    }
   const auto id = static_cast<TensorId>(tensors_.size());
   by_name_.emplace(desc.name, id);
   tensors_.push_back(std::move(desc));

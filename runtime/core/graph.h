@@ -15,6 +15,8 @@ namespace pooch {
 using TensorId = int32_t;
 inline constexpr TensorId kNoTensor = -1;
 using Shape = std::vector<int64_t>;
+// The largest tensor a graph accepts (also the .pooch format's limit).
+inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 62;
 
 enum class Role : uint8_t { input = 0, weight = 1, activation = 2, gradient = 3, optimizer_state = 4 };
 inline constexpr int kNumRoles = 5;

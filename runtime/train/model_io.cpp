@@ -93,6 +93,42 @@ LoadedFile load_model_file(const std::string& path) {
   return LoadedFile{std::move(f), std::move(spec), checkpoint, opt};
 }
 
+namespace {
+
+// The width an index tensor addresses (the input of the fixed fan-in layer it
+// feeds), or -1 when it feeds none. Kernels trust index values, so values
+// from a file are checked against it before they reach the arena.
+int64_t index_bound(const Graph& g, TensorId t) {
+  for (const Node& n : g.nodes())
+    if (n.op == "ffi_linear" && n.inputs.size() > 1 && n.inputs[1] == t)
+      return g.tensor(n.inputs[0]).shape.back();
+  return -1;
+}
+
+void check_index_values(const PoochFile& f, const TensorDesc& d, std::span<const std::byte> bytes,
+                        int64_t bound) {
+  const auto n = static_cast<size_t>(d.numel());
+  for (size_t i = 0; i < n; ++i) {
+    int64_t v;
+    if (d.dtype == DType::u16) {
+      uint16_t x;
+      std::memcpy(&x, bytes.data() + i * 2, 2);
+      v = x;
+    } else {
+      int32_t x;
+      std::memcpy(&x, bytes.data() + i * 4, 4);
+      v = x;
+    }
+    if (v < 0 || v >= bound)
+      throw Error(POOCH_ERR_BAD_INPUT,
+                  fmt::format("{}: tensor '{}' element {} is {}, outside the layer's input width "
+                              "[0, {}); the file is damaged or was not written by pooch",
+                              f.path(), d.name, i, v, bound));
+  }
+}
+
+}  // namespace
+
 void restore_tensors(XmcSession& s, const PoochFile& f, bool with_state,
                      std::string_view skip_prefix) {
   const Graph& g = s.model().graph;
@@ -111,6 +147,9 @@ void restore_tensors(XmcSession& s, const PoochFile& f, bool with_state,
                               f.path(), d.name, dtype_name(e->dtype), shape_str(e->shape),
                               dtype_name(d.dtype), shape_str(d.shape)));
     const auto bytes = f.data(*e);
+    if (d.dtype == DType::u16 || d.dtype == DType::i32)
+      if (const int64_t bound = index_bound(g, static_cast<TensorId>(t)); bound >= 0)
+        check_index_values(f, d, bytes, bound);
     s.write(d.name, bytes.data(), bytes.size());
   }
 }

@@ -8,7 +8,7 @@ RUN=${1:?usage: test_cli.sh PATH/TO/pooch-run}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-cli.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-cd "$TMP"
+cd "$TMP" || exit 1
 
 failures=0
 pass() { echo "ok   $1"; }
@@ -36,7 +36,7 @@ contains() {
 }
 json_last() { tail -n 1 "$1"; }
 
-T="--threads 1 --device cpu"
+T=(--threads 1 --device cpu)
 
 # --- help and usage ---------------------------------------------------------
 expect help 0 "$RUN" --help
@@ -56,7 +56,7 @@ expect synth-again 0 "$RUN" synth --preset EURLex-4K --scale 0.02 --seed 3 --out
 cmp -s data/train.txt data2/train.txt && pass synth-deterministic || fail synth-deterministic
 
 # --- train ---------------------------------------------------------------------
-expect train 0 "$RUN" train --data data --epochs 2 --out m.pooch --log m.jsonl --json $T
+expect train 0 "$RUN" train --data data --epochs 2 --out m.pooch --log m.jsonl --json "${T[@]}"
 json_last train.out > train.json
 contains train-json train.json '^\{"command":"train".*"ok":true'
 contains train-json-epochs train.json '"epoch":2,'
@@ -72,15 +72,15 @@ cat > spec.json <<'JSON'
             {"type": "dropout", "p": 0.1}, {"type": "ffi", "fan_in": 16}],
  "loss": "squared-hinge"}
 JSON
-expect train-spec 0 "$RUN" train --data data --spec spec.json --epochs 1 --out s.pooch $T
-expect bad-spec 2 "$RUN" train --data data --spec <(echo '{"layers": [{"type": "ffi"}]}') --out x.pooch $T
+expect train-spec 0 "$RUN" train --data data --spec spec.json --epochs 1 --out s.pooch "${T[@]}"
+expect bad-spec 2 "$RUN" train --data data --spec <(echo '{"layers": [{"type": "ffi"}]}') --out x.pooch "${T[@]}"
 
 # --- eval, predict, info ---------------------------------------------------------
-expect eval 0 "$RUN" eval --model m.pooch --data data --json $T
+expect eval 0 "$RUN" eval --model m.pooch --data data --json "${T[@]}"
 contains eval-table eval.out '^P +[0-9.]+ +[0-9.]+'
 contains eval-json eval.out '^\{"command":"eval".*"metrics":\{"rows":'"$TEST_ROWS"','
 
-expect predict 0 "$RUN" predict --model m.pooch --input data/test.txt --k 3 --out preds.txt $T
+expect predict 0 "$RUN" predict --model m.pooch --input data/test.txt --k 3 --out preds.txt "${T[@]}"
 [ "$(wc -l < preds.txt)" = "$TEST_ROWS" ] && pass predict-rows || fail "predict-rows: $(wc -l < preds.txt) lines, wanted $TEST_ROWS"
 if awk 'NF != 3 { exit 1 } { for (i = 1; i <= NF; ++i) if ($i !~ /^[0-9]+:-?[0-9.e+-]+$/) exit 1 }' preds.txt; then
   pass predict-format
@@ -88,7 +88,7 @@ else
   fail predict-format
   head -3 preds.txt
 fi
-expect predict-stdout 0 "$RUN" predict --model m.pooch --input data/test.txt --k 2 $T
+expect predict-stdout 0 "$RUN" predict --model m.pooch --input data/test.txt --k 2 "${T[@]}"
 [ "$(wc -l < predict-stdout.out)" = "$TEST_ROWS" ] && pass predict-stdout-rows || fail predict-stdout-rows
 
 expect info 0 "$RUN" info m.pooch
@@ -99,21 +99,46 @@ expect info-json 0 "$RUN" info m.pooch --json
 contains info-json-last info-json.out '^\{"command":"info".*"xxh3"'
 
 # --- finetune on a new label set ------------------------------------------------
-expect finetune 0 "$RUN" finetune --model m.pooch --data data2 --new-head 120 --epochs 1 --out f.pooch --json $T
+expect finetune 0 "$RUN" finetune --model m.pooch --data data2 --new-head 120 --epochs 1 --out f.pooch --json "${T[@]}"
 contains finetune-json finetune.out '"new_head":120'
 expect info-finetuned 0 "$RUN" info f.pooch
 contains finetune-head info-finetuned.out '^  labels +120$'
-expect finetune-ckpt 0 "$RUN" finetune --model m.pooch.ckpt --data data --epochs 1 --out f2.pooch $T
+expect finetune-ckpt 0 "$RUN" finetune --model m.pooch.ckpt --data data --epochs 1 --out f2.pooch "${T[@]}"
 
 # --- errors: bad input, budget, device ---------------------------------------------
 printf '3 10 5\n1 0:1.0\n2,x 3:1.0\n0 1:2\n' > bad.txt
-expect malformed 2 "$RUN" train --train bad.txt --test bad.txt --out x.pooch $T
+expect malformed 2 "$RUN" train --train bad.txt --test bad.txt --out x.pooch "${T[@]}"
 contains malformed-where malformed.err 'bad\.txt.*line 3'
 contains malformed-prefix malformed.err '^pooch-run: '
-expect missing-data 2 "$RUN" train --data no-such-dir --out x.pooch --json $T
+expect missing-data 2 "$RUN" train --data no-such-dir --out x.pooch --json "${T[@]}"
 contains missing-data-json missing-data.out '^\{.*"ok":false.*"exit_code":2'
 expect not-a-model 2 "$RUN" info bad.txt
-expect budget 3 "$RUN" train --data data --device-memory 4K --out x.pooch $T
+: > empty.txt
+expect empty-data 2 "$RUN" train --train empty.txt --out x.pooch "${T[@]}"
+contains empty-data-message empty-data.err 'empty\.txt.*empty'
+printf '2 10 5\n1 0:1.0\n9 3:1.0\n' > label-range.txt
+expect label-range 2 "$RUN" train --train label-range.txt --out x.pooch "${T[@]}"
+contains label-range-message label-range.err 'label-range\.txt: line 3.*label index 9 is out of range'
+head -c 1000 m.pooch > trunc.pooch
+expect truncated-model 2 "$RUN" predict --model trunc.pooch --input data/test.txt --out t.txt "${T[@]}"
+contains truncated-message truncated-model.err 'trunc\.pooch: truncated'
+[ ! -e t.txt ] && pass truncated-no-output || fail truncated-no-output
+expect spec-typo 2 "$RUN" train --data data --out x.pooch "${T[@]}" \
+  --spec <(echo '{"layers": [{"type": "linaer", "width": 8}, {"type": "ffi", "fan_in": 4}]}')
+contains spec-typo-message spec-typo.err "layers\[0\]\.type 'linaer'"
+expect bad-threads 1 "$RUN" eval --model m.pooch --data data --threads -1
+contains bad-threads-message bad-threads.err '^pooch-run: --threads: -1 is negative'
+expect bad-batch 1 "$RUN" predict --model m.pooch --input data/test.txt --batch 0
+contains bad-batch-message bad-batch.err '^pooch-run: --batch: 0 is not a positive number'
+expect big-k 1 "$RUN" predict --model m.pooch --input data/test.txt --k 999 --out big-k.txt "${T[@]}"
+contains big-k-message big-k.err 'has only [0-9]+ labels'
+[ ! -e big-k.txt ] && pass big-k-no-output || fail big-k-no-output
+# A missing output directory fails before any training, not after an epoch.
+expect no-out-dir 2 "$RUN" train --data data --out no-such-dir/m.pooch "${T[@]}"
+contains no-out-dir-message no-out-dir.err "directory 'no-such-dir'.*does not exist"
+if grep -q '^epoch' no-out-dir.out; then fail no-out-dir-early; else pass no-out-dir-early; fi
+expect predict-no-out-dir 2 "$RUN" predict --model m.pooch --input data/test.txt --out no-such-dir/p.txt "${T[@]}"
+expect budget 3 "$RUN" train --data data --device-memory 4K --out x.pooch "${T[@]}"
 contains budget-message budget.err 'device-memory'
 "$RUN" train --data data --epochs 1 --device cuda --out cuda.pooch --threads 1 > cuda.out 2> cuda.err
 rc=$?
@@ -129,15 +154,15 @@ fi
 # --- interrupting and resuming ------------------------------------------------------
 # Uninterrupted reference run, then the same run stopped after 7 steps (as
 # Ctrl-C stops it) and resumed from its checkpoint: the models must be equal.
-expect ref 0 "$RUN" train --data data --epochs 3 --seed 7 --out ref.pooch $T
-expect stopped 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --max-steps 7 $T
+expect ref 0 "$RUN" train --data data --epochs 3 --seed 7 --out ref.pooch "${T[@]}"
+expect stopped 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --max-steps 7 "${T[@]}"
 contains stopped-hint stopped.out '^resume with: pooch-run train .*--resume res\.pooch\.ckpt'
 [ ! -e res.pooch ] && pass stopped-no-model || fail stopped-no-model
-expect resumed 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --resume res.pooch.ckpt $T
+expect resumed 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --resume res.pooch.ckpt "${T[@]}"
 if cmp ref.pooch res.pooch; then pass resume-bit-exact; else fail resume-bit-exact; fi
 
 # Ctrl-C: SIGINT during a long run writes the checkpoint and exits with 130.
-"$RUN" train --data data --epochs 100000 --early-stop 0 --plateau-patience 0 --out int.pooch $T \
+"$RUN" train --data data --epochs 100000 --early-stop 0 --plateau-patience 0 --out int.pooch "${T[@]}" \
   > int.out 2> int.err &
 pid=$!
 for _ in $(seq 1 600); do
@@ -151,7 +176,7 @@ rc=$?
 contains sigint-message int.out '^interrupted at step [0-9]+'
 contains sigint-hint int.out '^resume with: .*--resume int\.pooch\.ckpt'
 [ -s int.pooch.ckpt ] && pass sigint-checkpoint || fail sigint-checkpoint
-expect sigint-resume 0 "$RUN" train --data data --epochs 1 --out int2.pooch --resume int.pooch.ckpt $T
+expect sigint-resume 0 "$RUN" train --data data --epochs 1 --out int2.pooch --resume int.pooch.ckpt "${T[@]}"
 
 echo
 if [ $failures -gt 0 ]; then

@@ -73,8 +73,9 @@ if ! grep '^row ' embed.out |
   exit 1
 fi
 # The same top-3 as pooch-run predict gives for those rows.
-"$RUN" predict --model tiny.pooch --input data/test.txt --k 3 --device cpu --threads 1 |
-  head -n 4 | awk '{ for (i = 1; i <= NF; ++i) { split($i, a, ":"); printf "%s%s", (i > 1 ? " " : ""), a[1] } print "" }' \
+# (Into a file: piped into head, predict could die of SIGPIPE, failing under pipefail.)
+"$RUN" predict --model tiny.pooch --input data/test.txt --k 3 --device cpu --threads 1 --out cli.preds > /dev/null
+head -n 4 cli.preds | awk '{ for (i = 1; i <= NF; ++i) { split($i, a, ":"); printf "%s%s", (i > 1 ? " " : ""), a[1] } print "" }' \
   > cli.labels
 grep '^row ' embed.out |
   awk '{ for (i = 3; i <= 5; ++i) { split($i, a, ":"); printf "%s%s", (i > 3 ? " " : ""), a[1] } print "" }' \

@@ -306,6 +306,29 @@ TEST(CpuBackend, KernelErrorSurfacesFromStreamSync) {
   b->sync_all();
 }
 
+TEST(CpuBackend, SyncAllFinishesEveryStreamBeforeRethrowing) {
+  auto b = backend_with_arena();
+  constexpr size_t n = 4096;
+  std::byte* src = b->arena_base();
+  std::byte* dst = b->host_pool_base();
+  std::memset(src, 0x11, n);
+  std::memset(dst, 0x00, n);
+  const EventId filled = b->event_create();
+  const kern::KernelArgs fill = one_output(src, n, 0xCD);
+  const kern::KernelArgs none{};
+
+  b->launch(Stream::h2d, kSlowFill, fill);
+  b->event_record(Stream::h2d, filled);
+  b->stream_wait(Stream::d2h, filled);
+  b->copy_async(Stream::d2h, dst, src, n);
+  b->launch(Stream::compute, kThrows, none);
+  // The compute stream fails at once; the copy behind the slow kernel must
+  // still be done when the error reaches the caller.
+  EXPECT_THROW(b->sync_all(), Error);
+  EXPECT_TRUE(all_equal(dst, n, 0xCD));
+  EXPECT_NO_THROW(b->sync_all());
+}
+
 TEST(CpuBackend, ThousandsOfTasksRunInOrderWithoutAllocating) {
   auto b = backend_with_arena();
   constexpr int kTasks = static_cast<int>(cpu::kStreamQueueCapacity) * 8;

@@ -10,6 +10,7 @@
 #include "runtime/core/autodiff.h"
 #include "runtime/core/error.h"
 #include "runtime/exec/executor.h"
+#include "runtime/train/model_io.h"
 #include "runtime/train/xmc_session.h"
 
 using namespace pooch;
@@ -163,4 +164,29 @@ TEST(Executor, WholeModelGradientMatchesFiniteDifferences) {
     const double fd = (loss_at(plus) - loss_at(minus)) / (2.0 * h_step);
     EXPECT_NEAR(fd, analytic[i], 2e-3) << "element " << i;
   }
+}
+
+// A model file's index values are checked before they reach the kernels,
+// which trust them: a checksummed file with an index past the hidden width
+// is refused, naming the tensor.
+TEST(ModelFile, OutOfRangeFanInIndexIsRefused) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  XmcSession s(build_xmc_model(small_spec(), {}), cfg);
+  std::vector<std::byte> index = s.read("head.index");
+  const uint16_t bad = 32;  // hidden width is 32: valid ids are 0..31
+  std::memcpy(index.data() + 10, &bad, 2);
+  s.write("head.index", index.data(), index.size());
+  const std::string path = ::testing::TempDir() + "bad_index.pooch";
+  save_session(s, path, false);
+  LoadedFile f = load_model_file(path);
+  XmcSession fresh(build_xmc_model(f.spec, {}), cfg);
+  try {
+    restore_tensors(fresh, f.file, false);
+    FAIL() << "expected the index to be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT);
+    EXPECT_NE(std::string(e.what()).find("head.index"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
 }

@@ -85,3 +85,27 @@ TEST(OpRegistry, EveryOpIsDescribed) {
   EXPECT_FALSE(op_registry().get("adam_update").mutates.empty());
   EXPECT_TRUE(op_registry().get("bce_logits").is_loss);
 }
+
+TEST(Graph, RejectsTensorsTooLargeToAddress) {
+  // The byte size must not wrap: the arena is sized from it.
+  Graph g;
+  const int64_t big = int64_t{1} << 40;
+  try {
+    g.add_tensor({"huge", DType::f32, {big, big}, Role::input});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(e.what()).find("'huge'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2^62"), std::string::npos) << e.what();
+  }
+  // A zero dimension after the others does not hide their product.
+  EXPECT_THROW(g.add_tensor({"empty", DType::f32, {big, big, 0}, Role::input}), Error);
+  // An op whose inferred output is too large fails the same way.
+  const TensorId x = g.add_tensor({"x", DType::f32, {int64_t{1} << 33, 4}, Role::input});
+  const TensorId w = g.add_tensor({"w", DType::f32, {int64_t{1} << 31, 4}, Role::weight});
+  EXPECT_THROW(g.add_op1("linear", {x, w}), Error);
+  EXPECT_TRUE(g.nodes().empty());
+  // The largest f32 tensor the bound admits is accepted.
+  const int64_t edge = int64_t{1} << 30;
+  EXPECT_NO_THROW(g.add_tensor({"edge", DType::f32, {edge, edge}, Role::input}));
+}
