@@ -7,13 +7,12 @@
 // one). Everything else is a plain kernel; every reduction (bias and
 // layernorm parameter gradients, layernorm statistics) is summed in double in
 // a fixed order, so every kernel here is deterministic.
-#include <cublas_v2.h>
-
 #include <climits>
 #include <cmath>
 
 #include "../common/philox.h"
 #include "common.cuh"
+#include "cuda_libs.h"
 
 namespace pooch::kern {
 namespace cuda {
@@ -36,7 +35,7 @@ cublasHandle_t cublas_handle(const char* op) {
 
 bool cublas_ok(cublasStatus_t st, const char* call) {
   if (st == CUBLAS_STATUS_SUCCESS) return true;
-  report("%s: %s", call, cublasGetStatusString(st));
+  report("%s: %s", call, cuda_libs().cublasGetStatusString(st));
   return false;
 }
 
@@ -51,10 +50,10 @@ bool sgemm(const char* op, cublasHandle_t h, cublasOperation_t ta, cublasOperati
     return false;
   }
   const float one = 1.0f, zero = 0.0f;
-  return cublas_ok(cublasSgemm(h, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                               static_cast<int>(k), &one, A, static_cast<int>(lda), B,
-                               static_cast<int>(ldb), accumulate ? &one : &zero, C,
-                               static_cast<int>(ldc)),
+  return cublas_ok(cuda_libs().cublasSgemm(h, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                                           static_cast<int>(k), &one, A, static_cast<int>(lda), B,
+                                           static_cast<int>(ldb), accumulate ? &one : &zero, C,
+                                           static_cast<int>(ldc)),
                    "cublasSgemm");
 }
 

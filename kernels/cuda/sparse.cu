@@ -28,13 +28,13 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
-#include <cusparse.h>
 
 #include <climits>
 #include <cstdint>
 #include <type_traits>
 
 #include "common.cuh"
+#include "cuda_libs.h"
 
 namespace pooch::kern {
 namespace cuda {
@@ -197,7 +197,7 @@ __global__ void broadcast_rows_kernel(const float* __restrict__ row, int64_t R, 
 
 bool cusparse_ok(cusparseStatus_t st, const char* call) {
   if (st == CUSPARSE_STATUS_SUCCESS) return true;
-  report("%s: %s", call, cusparseGetErrorString(st));
+  report("%s: %s", call, cuda_libs().cusparseGetErrorString(st));
   return false;
 }
 
@@ -208,18 +208,20 @@ struct SpmmDescs {
   bool ok = false;
   SpmmDescs(int64_t B, int64_t F, int64_t O, int64_t cap, void* ptr, void* idx, void* val,
             void* w, void* y) {
-    ok = cusparse_ok(cusparseCreateCsr(&A, B, F, cap, ptr, idx, val, CUSPARSE_INDEX_32I,
-                                       CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, CUDA_R_32F),
+    const CudaLibs& lib = cuda_libs();
+    ok = cusparse_ok(lib.cusparseCreateCsr(&A, B, F, cap, ptr, idx, val, CUSPARSE_INDEX_32I,
+                                           CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO,
+                                           CUDA_R_32F),
                      "cusparseCreateCsr") &&
-         cusparse_ok(cusparseCreateDnMat(&W, F, O, O, w, CUDA_R_32F, CUSPARSE_ORDER_ROW),
+         cusparse_ok(lib.cusparseCreateDnMat(&W, F, O, O, w, CUDA_R_32F, CUSPARSE_ORDER_ROW),
                      "cusparseCreateDnMat") &&
-         cusparse_ok(cusparseCreateDnMat(&Y, B, O, O, y, CUDA_R_32F, CUSPARSE_ORDER_ROW),
+         cusparse_ok(lib.cusparseCreateDnMat(&Y, B, O, O, y, CUDA_R_32F, CUSPARSE_ORDER_ROW),
                      "cusparseCreateDnMat");
   }
   ~SpmmDescs() {
-    if (A) cusparseDestroySpMat(A);
-    if (W) cusparseDestroyDnMat(W);
-    if (Y) cusparseDestroyDnMat(Y);
+    if (A) cuda_libs().cusparseDestroySpMat(A);
+    if (W) cuda_libs().cusparseDestroyDnMat(W);
+    if (Y) cuda_libs().cusparseDestroyDnMat(Y);
   }
   SpmmDescs(const SpmmDescs&) = delete;
   SpmmDescs& operator=(const SpmmDescs&) = delete;
@@ -243,9 +245,9 @@ bool spmm_buffer_size(cusparseHandle_t h, int64_t B, int64_t F, int64_t O, int64
   const float one = 1.0f;
   // Reported (inside a launch) so that a launcher never returns quietly
   // without writing its output.
-  return cusparse_ok(cusparseSpMM_bufferSize(h, CUSPARSE_OPERATION_NON_TRANSPOSE,
-                                             CUSPARSE_OPERATION_NON_TRANSPOSE, &one, d.A, d.W,
-                                             &one, d.Y, CUDA_R_32F, kSpmmAlg, bytes),
+  return cusparse_ok(cuda_libs().cusparseSpMM_bufferSize(
+                         h, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE,
+                         &one, d.A, d.W, &one, d.Y, CUDA_R_32F, kSpmmAlg, bytes),
                      "cusparseSpMM_bufferSize");
 }
 
@@ -344,10 +346,10 @@ void sparse_linear_cusparse(const KernelArgs& a) {
   SpmmDescs d(s.B + 1, s.F, s.O, s.cap, L.ptr2, L.idx2, L.val2, w, L.y2);
   if (!d.ok) return;
   const float one = 1.0f;
-  if (!cusparse_ok(cusparseSpMM(h, CUSPARSE_OPERATION_NON_TRANSPOSE,
-                                CUSPARSE_OPERATION_NON_TRANSPOSE, &one, d.A, d.W, &one, d.Y,
-                                CUDA_R_32F, kSpmmAlg,
-                                need ? static_cast<std::byte*>(a.workspace) + L.used : nullptr),
+  if (!cusparse_ok(cuda_libs().cusparseSpMM(
+                       h, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE, &one,
+                       d.A, d.W, &one, d.Y, CUDA_R_32F, kSpmmAlg,
+                       need ? static_cast<std::byte*>(a.workspace) + L.used : nullptr),
                    "cusparseSpMM"))
     return;
   cuda_ok(cudaMemcpyAsync(y, L.y2, static_cast<size_t>(s.B * s.O) * sizeof(float),

@@ -18,9 +18,12 @@
 # statically into pooch-opcheck and libpooch) are about 60 MiB; gzip makes
 # them a fraction of that. run.sh unpacks the archive into a temporary folder.
 #
-# Static where available (-Dprefer_static=true: OpenBLAS, libgfortran); the
-# CUDA runtime, cuBLAS and cuSPARSE stay shared (CUDA 13's, found on the GPU
-# machine, where they match its driver).
+# Static where available (-Dprefer_static=true: OpenBLAS, libgfortran). The
+# CUDA runtime is always linked statically (cudart_static); cuBLAS and
+# cuSPARSE are not linked at all: the CUDA backend opens them with dlopen when
+# it starts, from the GPU machine's CUDA 13 (run.sh puts their folders on
+# LD_LIBRARY_PATH), so they match its driver. Nothing here needs a CUDA
+# library to start, which BUILD.txt's NEEDED lists show.
 # Then call the device tool with carry: ["build-device/dist"] and the
 # command `bash tests/device/run.sh`.
 #
@@ -91,6 +94,8 @@ done
     echo "== ldd $(basename "$t")"
     ldd "$BUILD/$t"
   done
+  echo "== NEEDED of libpooch (no CUDA library: cuBLAS and cuSPARSE are loaded with dlopen)"
+  readelf -d "$BUILD/runtime/api/libpooch.so" | grep NEEDED
   echo "== bundled"
   ls -la "$STAGE/lib"
 } > "$STAGE/BUILD.txt"

@@ -6,9 +6,12 @@
 # unpacked dist with bin/ and lib/ works too): nothing is built or installed.
 #
 #   1. the machine: GPU, driver, OS                     (env.txt)
-#   2. finds the CUDA 13 libraries (runtime, cuBLAS, cuSPARSE, nvJitLink; cuDNN
-#      too, for later convolution kernels) and
-#      says within seconds if the binaries cannot start: ldd, then
+#   2. finds the CUDA 13 libraries (cuBLAS, cuSPARSE and what they need; cuDNN
+#      too, for later convolution kernels) and puts their folders on
+#      LD_LIBRARY_PATH: the binaries link the CUDA runtime statically and open
+#      cuBLAS and cuSPARSE with dlopen when the CUDA backend starts, so ldd
+#      does not show them. Says within seconds if the binaries cannot start
+#      or those libraries are missing: ldd, then
 #      `pooch-opcheck --list` under a 10 s timeout    (env.txt)
 #      Then starts, in the background, the synthetic data of step 6.
 #   3. test_cuda_backend: arena, streams, events, copies, budget, errors
@@ -105,6 +108,11 @@ SEARCH=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64
         /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/local/lib)
 SITE=$(timeout 10 python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
 LIBDIRS=()
+# What the CUDA backend dlopens (libcublas, libcusparse) and what they need; the
+# rest is listed for the record.
+REQUIRED=" libcublas.so.13 libcublasLt.so.13 libcusparse.so.12 libnvJitLink.so.13 "
+LIBS_MISSING=$TMPD/libs_missing.txt
+: > "$LIBS_MISSING"
 {
   echo "== libraries"
   for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcusparse.so.12 libnvJitLink.so.13 \
@@ -128,6 +136,7 @@ LIBDIRS=()
     fi
     echo "$lib: ${found:-NOT FOUND}"
     [ -n "$found" ] && LIBDIRS+=("$found")
+    if [ -z "$found" ] && [[ "$REQUIRED" == *" $lib "* ]]; then echo "$lib" >> "$LIBS_MISSING"; fi
   done
 } >> "$OUT/env.txt"
 LD=$(realpath "$DIST/lib")
@@ -138,6 +147,9 @@ export LD_LIBRARY_PATH=$LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$OUT/env.txt"
 
 missing=""
+if [ -s "$LIBS_MISSING" ]; then
+  missing=" the CUDA backend needs: $(tr '\n' ' ' < "$LIBS_MISSING")"
+fi
 for b in "$BIN"/*; do
   echo "== ldd $(basename "$b")" >> "$OUT/env.txt"
   ldd "$b" >> "$OUT/env.txt" 2>&1

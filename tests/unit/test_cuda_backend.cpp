@@ -3,6 +3,7 @@
 // make_cuda_backend throws POOCH_ERR_NO_DEVICE, nothing crashes. With a GPU
 // those skip and the device tests run: arena, pool, streams, events, copies,
 // kernel launches, error reporting and the budget.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_libs.h"
 #include "kernels/ref/ref_kernels.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/core/error.h"
@@ -78,6 +80,74 @@ TEST(CudaBackend, DeviceIndexOutOfRangeIsRefused) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), POOCH_ERR_NO_DEVICE) << e.what();
   }
+}
+
+// ---- cuBLAS and cuSPARSE, loaded at run time (kernels/cuda/cuda_libs.h) ----------
+
+// Whether the process has `soname` mapped now (without loading it).
+bool is_loaded(const char* soname) {
+  void* h = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  if (h == nullptr) return false;
+  dlclose(h);
+  return true;
+}
+
+// Nothing maps cuBLAS or cuSPARSE until a device is found: the tests above
+// asked for the backend, and on a machine without a device that mapped neither
+// (the tests below load them: this one runs first).
+TEST(CudaLibsNoDevice, NotLoadedWithoutADevice) {
+  std::string why;
+  if (cuda_device_available(&why)) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_FALSE(is_loaded(kern::cuda::cublas_soname()));
+  EXPECT_FALSE(is_loaded(kern::cuda::cusparse_soname()));
+  EXPECT_FALSE(is_loaded(("libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR)).c_str()));
+}
+
+TEST(CudaLibs, SonamesFollowTheHeaders) {
+  EXPECT_EQ(std::string(kern::cuda::cublas_soname()).rfind("libcublas.so.", 0), 0u);
+  EXPECT_EQ(std::string(kern::cuda::cusparse_soname()).rfind("libcusparse.so.", 0), 0u);
+}
+
+TEST(CudaLibs, AMissingLibraryIsNamed) {
+  kern::cuda::CudaLibs t;
+  std::string why;
+  EXPECT_FALSE(kern::cuda::load_cuda_libs_from(&t, "libpooch-test-no-such-cublas.so.13",
+                                               kern::cuda::cusparse_soname(), &why));
+  EXPECT_EQ(why.rfind("libpooch-test-no-such-cublas.so.13 not found: install the CUDA ", 0), 0u)
+      << why;
+  EXPECT_NE(why.find(" runtime libraries or use --device cpu"), std::string::npos) << why;
+  EXPECT_EQ(t.cublasSgemm, nullptr);
+  // cuSPARSE missing: named too, whether or not this machine has cuBLAS (which
+  // is then unloaded again).
+  why.clear();
+  const bool had_cublas = is_loaded(kern::cuda::cublas_soname());
+  EXPECT_FALSE(kern::cuda::load_cuda_libs_from(&t, kern::cuda::cublas_soname(),
+                                               "libpooch-test-no-such-cusparse.so.12", &why));
+  EXPECT_NE(why.find(" not found: install the CUDA "), std::string::npos) << why;
+  EXPECT_TRUE(why.find("libpooch-test-no-such-cusparse.so.12") == 0 ||
+              why.find(kern::cuda::cublas_soname()) == 0)
+      << why;
+  EXPECT_EQ(is_loaded(kern::cuda::cublas_soname()), had_cublas);
+  // A path that is not a library: the loader's reason.
+  why.clear();
+  EXPECT_FALSE(kern::cuda::load_cuda_libs_from(&t, "/dev/null", "/dev/null", &why));
+  EXPECT_EQ(why.rfind("/dev/null could not be loaded (", 0), 0u) << why;
+}
+
+// Where the libraries are installed (this build machine, a GPU machine), every
+// function of the table is found; those that need no device answer.
+TEST(CudaLibs, TheTableIsCompleteWhereTheLibrariesAre) {
+  kern::cuda::CudaLibs t;
+  std::string why;
+  if (!kern::cuda::load_cuda_libs_from(&t, kern::cuda::cublas_soname(),
+                                       kern::cuda::cusparse_soname(), &why))
+    GTEST_SKIP() << why;
+#define POOCH_TEST_MEMBER_SET(name) EXPECT_NE(t.name, nullptr) << #name;
+  POOCH_CUBLAS_FUNCTIONS(POOCH_TEST_MEMBER_SET)
+  POOCH_CUSPARSE_FUNCTIONS(POOCH_TEST_MEMBER_SET)
+#undef POOCH_TEST_MEMBER_SET
+  EXPECT_NE(std::string(t.cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED)), "");
+  EXPECT_NE(std::string(t.cusparseGetErrorString(CUSPARSE_STATUS_NOT_INITIALIZED)), "");
 }
 
 // The kernel table is host data: checked with or without a device.

@@ -1,8 +1,6 @@
 #include "cuda_backend.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <cusparse.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "../../../kernels/cuda/cuda_kernels.h"
+#include "../../../kernels/cuda/cuda_libs.h"
 #include "../../core/error.h"
 
 #ifndef POOCH_CUDA_ARCHS
@@ -22,13 +21,22 @@
 #endif
 
 // Every CUDA, cuBLAS and cuSPARSE call is checked; a failure becomes a
-// pooch::Error naming the call and the library's error string.
+// pooch::Error naming the call and the library's error string. cuBLAS and
+// cuSPARSE are called through the table of kernels/cuda/cuda_libs.h (loaded
+// with dlopen): POOCH_CUBLAS_CHECK(cublasCreate, &h) calls
+// cuda_libs().cublasCreate(&h).
 #define POOCH_CUDA_CHECK(call) ::pooch::cuda::check_cuda((call), #call)
-#define POOCH_CUBLAS_CHECK(call) ::pooch::cuda::check_cublas((call), #call)
-#define POOCH_CUSPARSE_CHECK(call) ::pooch::cuda::check_cusparse((call), #call)
+#define POOCH_CUBLAS_CHECK(fn, ...)                                             \
+  ::pooch::cuda::check_cublas(::pooch::kern::cuda::cuda_libs().fn(__VA_ARGS__), \
+                              #fn "(" #__VA_ARGS__ ")")
+#define POOCH_CUSPARSE_CHECK(fn, ...)                                             \
+  ::pooch::cuda::check_cusparse(::pooch::kern::cuda::cuda_libs().fn(__VA_ARGS__), \
+                                #fn "(" #__VA_ARGS__ ")")
 
 namespace pooch {
 namespace cuda {
+
+using kern::cuda::cuda_libs;
 
 namespace {
 
@@ -65,14 +73,14 @@ void check_cuda(cudaError_t e, const char* call) {
 
 void check_cublas(cublasStatus_t s, const char* call) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
-  throw Error(POOCH_ERR_INTERNAL,
-              fmt::format("cuda backend: {} failed: {}", call, cublasGetStatusString(s)));
+  throw Error(POOCH_ERR_INTERNAL, fmt::format("cuda backend: {} failed: {}", call,
+                                              cuda_libs().cublasGetStatusString(s)));
 }
 
 void check_cusparse(cusparseStatus_t s, const char* call) {
   if (s == CUSPARSE_STATUS_SUCCESS) return;
-  throw Error(POOCH_ERR_INTERNAL,
-              fmt::format("cuda backend: {} failed: {}", call, cusparseGetErrorString(s)));
+  throw Error(POOCH_ERR_INTERNAL, fmt::format("cuda backend: {} failed: {}", call,
+                                              cuda_libs().cusparseGetErrorString(s)));
 }
 
 // The first failure of work queued on one stream since its last sync.
@@ -157,6 +165,9 @@ CudaBackend::CudaBackend(const CudaBackendParams& p)
                             p.threads));
   threads_ = p.threads > 0 ? p.threads
                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // make_cuda_backend loaded cuBLAS and cuSPARSE already (cuda_device_available).
+  if (std::string why; !kern::cuda::load_cuda_libs(&why))
+    throw Error(POOCH_ERR_NO_DEVICE, fmt::format("the CUDA backend is not available: {}", why));
   try {
     bind();
     cudaDeviceProp prop{};
@@ -167,13 +178,13 @@ CudaBackend::CudaBackend(const CudaBackendParams& p)
     cublas_ws_ = prop.major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
     for (cudaStream_t& s : streams_)
       POOCH_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    POOCH_CUBLAS_CHECK(cublasCreate(&cublas_));
-    POOCH_CUBLAS_CHECK(cublasSetStream(cublas_, streams_[0]));
-    POOCH_CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
+    POOCH_CUBLAS_CHECK(cublasCreate, &cublas_);
+    POOCH_CUBLAS_CHECK(cublasSetStream, cublas_, streams_[0]);
+    POOCH_CUBLAS_CHECK(cublasSetPointerMode, cublas_, CUBLAS_POINTER_MODE_HOST);
     // Full f32 GEMMs (no TF32): the kernels are checked against f64 references.
-    POOCH_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-    POOCH_CUSPARSE_CHECK(cusparseCreate(&cusparse_));
-    POOCH_CUSPARSE_CHECK(cusparseSetStream(cusparse_, streams_[0]));
+    POOCH_CUBLAS_CHECK(cublasSetMathMode, cublas_, CUBLAS_DEFAULT_MATH);
+    POOCH_CUSPARSE_CHECK(cusparseCreate, &cusparse_);
+    POOCH_CUSPARSE_CHECK(cusparseSetStream, cusparse_, streams_[0]);
     POOCH_CUDA_CHECK(cudaEventCreateWithFlags(&rebind_, cudaEventDisableTiming));
     if (budget_ == 0) {
       size_t free = 0, total = 0;
@@ -204,8 +215,8 @@ void CudaBackend::release() noexcept {
   // Errors are ignored here; they were (or can no longer be) reported.
   for (cudaStream_t s : streams_)
     if (s) (void)cudaStreamSynchronize(s);
-  if (cusparse_) (void)cusparseDestroy(cusparse_);
-  if (cublas_) (void)cublasDestroy(cublas_);
+  if (cusparse_) (void)cuda_libs().cusparseDestroy(cusparse_);
+  if (cublas_) (void)cuda_libs().cublasDestroy(cublas_);
   cusparse_ = nullptr;
   cublas_ = nullptr;
   for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
@@ -297,7 +308,7 @@ void CudaBackend::arena_reserve(size_t bytes) {
   }
   arena_ = static_cast<std::byte*>(p);
   try {
-    POOCH_CUBLAS_CHECK(cublasSetWorkspace(cublas_, arena_ + arena_part, cublas_ws_));
+    POOCH_CUBLAS_CHECK(cublasSetWorkspace, cublas_, arena_ + arena_part, cublas_ws_);
   } catch (...) {
     (void)cudaFree(arena_);
     arena_ = nullptr;
@@ -480,21 +491,22 @@ void CudaBackend::launch(Stream s, const kern::KernelVariant& k, const kern::Ker
       return;
     }
     const char* failed = nullptr;
-    cublasStatus_t bs = cublasSetStream(cublas_, streams_[i]);
+    const kern::cuda::CudaLibs& lib = cuda_libs();
+    cublasStatus_t bs = lib.cublasSetStream(cublas_, streams_[i]);
     if (bs != CUBLAS_STATUS_SUCCESS) failed = "cublasSetStream";
     if (!failed && cublas_ws_ptr_ != nullptr) {
-      bs = cublasSetWorkspace(cublas_, cublas_ws_ptr_, cublas_ws_);
+      bs = lib.cublasSetWorkspace(cublas_, cublas_ws_ptr_, cublas_ws_);
       if (bs != CUBLAS_STATUS_SUCCESS) failed = "cublasSetWorkspace";
     }
     if (failed) {
       fail(i, POOCH_ERR_INTERNAL,
-           where() + fmt::format("{}: {}", failed, cublasGetStatusString(bs)));
+           where() + fmt::format("{}: {}", failed, lib.cublasGetStatusString(bs)));
       return;
     }
-    const cusparseStatus_t ss = cusparseSetStream(cusparse_, streams_[i]);
+    const cusparseStatus_t ss = lib.cusparseSetStream(cusparse_, streams_[i]);
     if (ss != CUSPARSE_STATUS_SUCCESS) {
       fail(i, POOCH_ERR_INTERNAL,
-           where() + fmt::format("cusparseSetStream: {}", cusparseGetErrorString(ss)));
+           where() + fmt::format("cusparseSetStream: {}", lib.cusparseGetErrorString(ss)));
       return;
     }
     bound_stream_ = i;
@@ -576,6 +588,9 @@ bool cuda_device_available(std::string* why, int device) {
       (void)cudaGetLastError();
       return no(fmt::format("CUDA device {} cannot be queried ({})", device, cuda::cuda_error(pe)));
     }
+    // cuBLAS and cuSPARSE are loaded here, once a device is known to exist:
+    // a machine without one never maps them.
+    if (std::string lib_why; !kern::cuda::load_cuda_libs(&lib_why)) return no(std::move(lib_why));
     int prev = 0;
     if (cudaGetDevice(&prev) != cudaSuccess) prev = device;
     if (const cudaError_t se = cudaSetDevice(device); se != cudaSuccess) {

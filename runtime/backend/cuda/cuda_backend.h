@@ -12,6 +12,10 @@
 // kernel's fault) is kept per stream, later kernels and copies on that stream
 // are skipped, and the stream's next stream_sync throws it.
 //
+// The CUDA runtime is linked statically and cuBLAS and cuSPARSE are loaded at
+// run time, so nothing here needs a CUDA library to load a program: without
+// them (or without a driver) the backend is refused with POOCH_ERR_NO_DEVICE.
+//
 // This header includes no CUDA header.
 #pragma once
 #include <cstddef>
@@ -34,10 +38,13 @@ struct CudaBackendParams {
   void* log_user = nullptr;
 };
 
-// Whether a usable CUDA device `device` is present: a driver, the device, and
-// device code in this build for its architecture. Never throws; when false,
-// *why (if given) says what is missing, e.g. "no CUDA driver
-// (cudaErrorInsufficientDriver: ...)".
+// Whether a usable CUDA device `device` is present: a driver, the device,
+// cuBLAS and cuSPARSE (loaded here with dlopen, once a device is found: see
+// kernels/cuda/cuda_libs.h), and device code in this build for its
+// architecture. Never throws; when false, *why (if given) says what is
+// missing, e.g. "no CUDA driver (cudaErrorInsufficientDriver: ...)" or
+// "libcublas.so.13 not found: install the CUDA 13 runtime libraries or use
+// --device cpu".
 bool cuda_device_available(std::string* why, int device = 0);
 
 // Throws Error(POOCH_ERR_NO_DEVICE) with cuda_device_available's reason when
