@@ -272,6 +272,28 @@ int fit_max_nnz(pooch_model* m, std::initializer_list<const pooch_dataset*> sets
   return kOk;
 }
 
+namespace {
+
+// Raises the model's max_labels (positive labels a training batch may hold)
+// to what the `batch` rows with the most labels of each data set hold, as
+// fit_max_nnz does for the nonzeros. Exit code.
+int fit_max_labels(pooch_model* m, std::initializer_list<const pooch_dataset*> sets, Output& out) {
+  const Json spec = Json::parse(pooch_model_spec_json(m), nullptr, false);
+  if (!spec.is_object()) return kOk;
+  const int64_t batch = spec.value("batch", int64_t{64});
+  int64_t have = spec.value("max_labels", int64_t{0});
+  if (have == 0) have = batch * 32;
+  int64_t need = 0;
+  for (const pooch_dataset* ds : sets)
+    if (ds) need = std::max(need, pooch_dataset_max_batch_labels(ds, batch));
+  if (need <= have) return kOk;
+  if (pooch_status st = pooch_model_set_max_labels(m, need))
+    return out.fail(st, "setting max_labels to " + std::to_string(need));
+  return kOk;
+}
+
+}  // namespace
+
 int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* train,
                const pooch_dataset* test, ModelHandle& model, Output& out) {
   const Shape a = shape_of(train), b = shape_of(test);
@@ -317,6 +339,7 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
   }
   if (pooch_status st = pooch_model_create_from_spec(text.c_str(), source.c_str(), &model.p))
     return out.fail(st, "model");
+  if (int rc = fit_max_labels(model.p, {train}, out)) return rc;
   return fit_max_nnz(model.p, {train, test}, out);
 }
 
@@ -346,6 +369,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   if (int rc = check_data_fits(model, data.train.p, data.train_source, true, out)) return rc;
   if (int rc = check_data_fits(model, data.test.p, data.test_source, false, out)) return rc;
   if (int rc = fit_max_nnz(model, {data.train.p, data.test.p}, out)) return rc;
+  if (int rc = fit_max_labels(model, {data.train.p}, out)) return rc;
 
   pooch_session_params sp;
   pooch_session_default_params(&sp);

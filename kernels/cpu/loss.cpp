@@ -226,6 +226,223 @@ void loss_grad(const KernelArgs& a) {
   for (int64_t r = 0; r < b; ++r) Row(x + r * l, t + r * l, dx + r * l, l, k);
 }
 
+// ---- label-CSR targets ----------------------------------------------------------
+//
+// t[b,l] = 1 for the labels lidx[lptr[b] .. lptr[b+1]) of row b, else 0. A
+// row costs one elementwise pass at t = 0, the dense kernels' inner loop with
+// the target a constant, plus O(labels) corrections at the listed positions;
+// no [B,L] target array exists. The same float expressions as the dense
+// kernels are used, so a gradient is bitwise the dense kernel's and a loss
+// differs from it only in the order of the double sums.
+
+// The listed labels of one row.
+struct RowLabels {
+  const int32_t* id;
+  int64_t n;
+};
+inline RowLabels row_labels(const int32_t* lptr, const int32_t* lidx, int64_t r) {
+  return {lidx + lptr[r], static_cast<int64_t>(lptr[r + 1]) - lptr[r]};
+}
+
+// A sum of double terms that may be infinite or NaN: what the dense kernels'
+// plain double sum of them gives (NaN from a NaN or from +inf meeting -inf).
+struct ExactSum {
+  double fin = 0;
+  bool pinf = false, ninf = false, nan = false;
+  void add(double v) {
+    if (std::isnan(v))
+      nan = true;
+    else if (v == std::numeric_limits<double>::infinity())
+      pinf = true;
+    else if (v == -std::numeric_limits<double>::infinity())
+      ninf = true;
+    else
+      fin += v;
+  }
+  double value() const {
+    if (nan || (pinf && ninf)) return std::numeric_limits<double>::quiet_NaN();
+    if (pinf) return std::numeric_limits<double>::infinity();
+    if (ninf) return -std::numeric_limits<double>::infinity();
+    return fin;
+  }
+};
+
+inline float bce_term_f(float x, float t) {
+  return max0(x) - x * t + log1p_unit(exp_f(-std::fabs(x)));
+}
+
+inline float hinge_term_f(float x, float t) {
+  const float m = max0(1.0f - (2.0f * t - 1.0f) * x);
+  return m * m;
+}
+
+// The fast form of a row is (Σ_l term(x_l, 0)) + Σ_listed (term(x,1) − term(x,0)).
+// Taking a t = 0 term out again is exact unless it is infinite or NaN, and
+// accurate unless it dwarfs what is left (|x| ~ 1e20 on a listed label): its
+// rounding error is about 2^-53 of it. Past 2^24 times the row's value
+// (an error above ~2^-29 of the result) the row is summed again term by term.
+constexpr double kMaxCancel = 16777216.0;
+
+// Σ_l term(x_l, t_l) term by term: the row's labels are sorted into `sorted`
+// (the workspace) and merged with the walk over the row.
+template <float (*Term)(float, float)>
+double csr_row_exact(const float* x, int64_t l, RowLabels lab, int32_t* sorted) {
+  std::copy(lab.id, lab.id + lab.n, sorted);
+  std::sort(sorted, sorted + lab.n);
+  ExactSum s;
+  int64_t next = 0;
+  for (int64_t j = 0; j < l; ++j) {
+    const bool listed = next < lab.n && sorted[next] == j;
+    next += listed;
+    s.add(Term(x[j], listed ? 1.0f : 0.0f));
+  }
+  return s.value();
+}
+
+// Σ_l term(x_l, t_l): every term at t = 0 (the dense kernels' vectorised
+// loop with the target a constant), then the listed labels' corrections.
+template <float (*Term)(float, float)>
+double csr_row(const float* x, int64_t l, RowLabels lab, int32_t* sorted) {
+  const double base = lane_sum(l, [&](int64_t j) { return static_cast<double>(Term(x[j], 0.0f)); });
+  double fix = 0, removed = 0;
+  for (int64_t i = 0; i < lab.n; ++i) {
+    const float xj = x[lab.id[i]];
+    const double t0 = Term(xj, 0.0f);
+    fix += static_cast<double>(Term(xj, 1.0f)) - t0;
+    removed = std::max(removed, t0);
+  }
+  const double row = base + fix;
+  if (std::isfinite(base) && std::isfinite(row) && removed <= kMaxCancel * std::fabs(row))
+    return row;
+  return csr_row_exact<Term>(x, l, lab, sorted);
+}
+
+double bce_csr_row(const float* x, int64_t l, RowLabels lab, int32_t* sorted) {
+  return csr_row<bce_term_f>(x, l, lab, sorted);
+}
+
+double hinge_csr_row(const float* x, int64_t l, RowLabels lab, int32_t* sorted) {
+  return csr_row<hinge_term_f>(x, l, lab, sorted);
+}
+
+// Σ_l t_l·(lse − x_l) = Σ_listed (lse − x_l), as the dense kernel has it
+// including its non-finite cases: a row whose lse is not finite is NaN there
+// (some term is inf − inf or NaN), and an unlisted −inf logit contributes
+// 0·inf = NaN while a listed one contributes +inf.
+double xent_csr_row(const float* x, int64_t l, RowLabels lab, int32_t*) {
+  if (l == 0) return 0;
+  float mx[kLanes], mn[kLanes];
+  for (int k = 0; k < kLanes; ++k) mx[k] = -kInf, mn[k] = kInf;
+  int64_t j = 0;
+  for (; j + kLanes <= l; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      mx[k] = std::max(mx[k], x[j + k]);
+      mn[k] = std::min(mn[k], x[j + k]);
+    }
+  for (int k = 0; j < l; ++j, ++k) {
+    mx[k] = std::max(mx[k], x[j]);
+    mn[k] = std::min(mn[k], x[j]);
+  }
+  float m = mx[0], lo = mn[0];
+  for (int k = 1; k < kLanes; ++k) m = std::max(m, mx[k]), lo = std::min(lo, mn[k]);
+  const float shift = std::isfinite(m) ? m : 0.0f;
+  const double lse =
+      static_cast<double>(shift) +
+      std::log(lane_sum(l, [&](int64_t i) { return static_cast<double>(exp_f(x[i] - shift)); }));
+  if (!std::isfinite(lse)) return std::numeric_limits<double>::quiet_NaN();
+  if (lo == -kInf) {  // rare: is every -inf logit a listed one?
+    int64_t all = 0, listed = 0;
+    for (int64_t i = 0; i < l; ++i) all += x[i] == -kInf;
+    for (int64_t i = 0; i < lab.n; ++i) listed += x[lab.id[i]] == -kInf;
+    if (all > listed) return std::numeric_limits<double>::quiet_NaN();
+  }
+  double row = 0;
+  for (int64_t i = 0; i < lab.n; ++i) row += lse - static_cast<double>(x[lab.id[i]]);
+  return row;
+}
+
+// Per-row partial sums (B doubles), then room for a sorted copy of lidx
+// (the rows that are summed term by term sort their labels there).
+size_t csr_loss_workspace(const KernelArgs& a) {
+  const size_t rows = static_cast<size_t>(dims_of(a.in[0]).b) * sizeof(double);
+  const size_t ids = a.in[2].ndim == 1 ? static_cast<size_t>(a.in[2].shape[0]) : 0;
+  return rows + ids * sizeof(int32_t);
+}
+
+template <double (*Row)(const float*, int64_t, RowLabels, int32_t*)>
+void csr_loss_fwd(const KernelArgs& a) {
+  const auto [b, l] = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  if (b == 0) {
+    *out = 0.0f;  // the mean over no rows is defined as 0
+    return;
+  }
+  const float* x = a.in[0].as<const float>();
+  const int32_t* lptr = a.in[1].as<const int32_t>();
+  const int32_t* lidx = a.in[2].as<const int32_t>();
+  double* partial = static_cast<double*>(a.workspace);
+  // Row r sorts into [lptr[r], lptr[r+1]) of this: the rows' slices are disjoint.
+  int32_t* sorted = reinterpret_cast<int32_t*>(partial + b);
+#pragma omp parallel for num_threads(threads_of(a)) if (b * l > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r)
+    partial[r] = Row(x + r * l, l, row_labels(lptr, lidx, r), sorted + lptr[r]);
+  double total = 0;
+  for (int64_t r = 0; r < b; ++r) total += partial[r];
+  *out = static_cast<float>(total / static_cast<double>(b));
+}
+
+// Gradients: the dense kernel's expression at t = 0 everywhere, then again at
+// t = 1 over the listed positions (overwritten, not corrected, so each
+// element is bitwise what the dense kernel writes).
+void bce_csr_grad_row(const float* x, float* dx, int64_t l, RowLabels lab, float k) {
+  for (int64_t j = 0; j < l; ++j) dx[j] = k * (sigmoid_f(x[j]) - 0.0f);
+  for (int64_t i = 0; i < lab.n; ++i) {
+    const int64_t j = lab.id[i];
+    dx[j] = k * (sigmoid_f(x[j]) - 1.0f);
+  }
+}
+
+void hinge_csr_grad_row(const float* x, float* dx, int64_t l, RowLabels lab, float k) {
+  const float k2 = -2.0f * k;
+  for (int64_t j = 0; j < l; ++j) {
+    const float s = -1.0f;
+    dx[j] = k2 * s * max0(1.0f - s * x[j]);
+  }
+  for (int64_t i = 0; i < lab.n; ++i) {
+    const int64_t j = lab.id[i];
+    const float s = 1.0f;
+    dx[j] = k2 * s * max0(1.0f - s * x[j]);
+  }
+}
+
+void xent_csr_grad_row(const float* x, float* dx, int64_t l, RowLabels lab, float k) {
+  if (l == 0) return;
+  const double lse = row_lse(x, l);
+  const float ts = static_cast<float>(lab.n);  // Σ_l t_l
+  for (int64_t j = 0; j < l; ++j) {
+    const float p = exp_f(static_cast<float>(x[j] - lse));
+    dx[j] = k * (p * ts - 0.0f);
+  }
+  for (int64_t i = 0; i < lab.n; ++i) {
+    const int64_t j = lab.id[i];
+    const float p = exp_f(static_cast<float>(x[j] - lse));
+    dx[j] = k * (p * ts - 1.0f);
+  }
+}
+
+template <void (*Row)(const float*, float*, int64_t, RowLabels, float)>
+void csr_loss_grad(const KernelArgs& a) {
+  const auto [b, l] = dims_of(a.in[0]);
+  if (b == 0) return;
+  const float* x = a.in[0].as<const float>();
+  const int32_t* lptr = a.in[1].as<const int32_t>();
+  const int32_t* lidx = a.in[2].as<const int32_t>();
+  float* dx = a.out[0].as<float>();
+  const float k = static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(b));
+#pragma omp parallel for num_threads(threads_of(a)) if (b * l > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r) Row(x + r * l, dx + r * l, l, row_labels(lptr, lidx, r), k);
+}
+
 }  // namespace
 
 std::vector<KernelVariant> cpu_loss_kernels() {
@@ -236,6 +453,12 @@ std::vector<KernelVariant> cpu_loss_kernels() {
       {"squared_hinge_grad", "omp", loss_grad<hinge_grad_row>, nullptr, true},
       {"softmax_xent", "omp", loss_fwd<xent_row>, loss_workspace, true},
       {"softmax_xent_grad", "omp", loss_grad<xent_grad_row>, nullptr, true},
+      {"bce_logits_csr", "omp", csr_loss_fwd<bce_csr_row>, csr_loss_workspace, true},
+      {"bce_logits_csr_grad", "omp", csr_loss_grad<bce_csr_grad_row>, nullptr, true},
+      {"squared_hinge_csr", "omp", csr_loss_fwd<hinge_csr_row>, csr_loss_workspace, true},
+      {"squared_hinge_csr_grad", "omp", csr_loss_grad<hinge_csr_grad_row>, nullptr, true},
+      {"softmax_xent_csr", "omp", csr_loss_fwd<xent_csr_row>, csr_loss_workspace, true},
+      {"softmax_xent_csr_grad", "omp", csr_loss_grad<xent_csr_grad_row>, nullptr, true},
   };
 }
 

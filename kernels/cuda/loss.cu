@@ -8,6 +8,11 @@
 // [B·L] array. softmax_xent works on chunks of each row in three passes, as
 // the reference's formula needs them: the row maximum, then Σ exp(x − shift),
 // then Σ t·(lse − x); each pass combines the row's chunk partials in order.
+//
+// The label-CSR forms (bce_logits_csr, ...) run the elementwise passes over
+// row chunks, as softmax does, with the target a constant 0, then one warp per
+// row (grid-stride) over that row's listed labels for the corrections; the
+// row sums then go through the same ordered final sum.
 #include <cmath>
 
 #include "common.cuh"
@@ -322,6 +327,410 @@ void softmax_xent_grad(const KernelArgs& a) {
   launched("xent_grad_kernel");
 }
 
+// ---- label-CSR targets --------------------------------------------------------
+//
+// t[b,l] = 1 for the labels lidx[lptr[b] .. lptr[b+1]) of row b, else 0. The
+// host never reads lptr (a device array), so the correction kernels run one
+// block per row (grid-stride) over the row's own labels. Expressions are the
+// dense kernels' with t a constant, so a gradient element is bitwise the
+// dense kernel's and a loss differs only in the order of its double sums.
+
+constexpr int kRowThreads = 32;  // rows hold a handful of labels
+
+// Blocks for the per-row correction kernels: a function of B alone.
+unsigned rows_grid(int64_t B) {
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(B, int64_t{sm_count()} * 32)));
+}
+
+// A sum of terms that may be infinite or NaN, as flags (0/1 as doubles, so
+// block_sum combines them) beside the finite part: its value is what the
+// dense kernels' plain sum of the same terms gives.
+struct Tally {
+  double fin, pinf, ninf, nan;
+};
+
+__device__ __forceinline__ void tally_add(Tally& t, float v) {
+  if (isfinite(v))
+    t.fin += static_cast<double>(v);
+  else if (isnan(v))
+    t.nan = 1.0;
+  else if (v > 0.0f)
+    t.pinf = 1.0;
+  else
+    t.ninf = 1.0;
+}
+
+__device__ __forceinline__ double tally_value(Tally t, double* scratch) {
+  t.fin = block_sum(t.fin, scratch);
+  t.pinf = block_sum(t.pinf, scratch);
+  t.ninf = block_sum(t.ninf, scratch);
+  t.nan = block_sum(t.nan, scratch);
+  if (t.nan > 0.0 || (t.pinf > 0.0 && t.ninf > 0.0)) return nan("");
+  if (t.pinf > 0.0) return HUGE_VAL;
+  if (t.ninf > 0.0) return -HUGE_VAL;
+  return t.fin;
+}
+
+// The maximum over one warp, in every lane (NaN skipped, as fmax does).
+__device__ __forceinline__ double warp_max(double v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+template <Kind K>
+__device__ __forceinline__ float csr_term(float x, float t) {
+  return K == Kind::bce ? bce_term(x, t) : hinge_term(x, t);
+}
+
+// The fast form of a row, (Σ_l term(x_l, 0)) + Σ_listed (term(x,1) − term(x,0)),
+// is used unless a term it takes out again is not finite, or dwarfs the row's
+// value (its rounding error is about 2^-53 of it): past 2^24 times the value
+// the row is summed term by term instead.
+constexpr double kMaxCancel = 16777216.0;
+
+// Σ term(x, 0) over each chunk of each row (grid as the softmax's).
+template <Kind K>
+__global__ void csr_chunk_kernel(const float* __restrict__ x, int64_t B, int64_t L,
+                                 double* __restrict__ psum) {
+  __shared__ double scratch[33];
+  const int64_t chunks = gridDim.x;
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    double acc = 0.0;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
+      acc += static_cast<double>(csr_term<K>(x[r * L + j], 0.0f));
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) psum[r * chunks + blockIdx.x] = acc;
+  }
+}
+
+// Row r's loss from its chunk sums and its labels' corrections, one warp per
+// row (kRowThreads = 32); the rare rows that need it are summed term by term,
+// each element's target found by scanning the row's labels.
+template <Kind K>
+__global__ void csr_row_kernel(const float* __restrict__ x, const int32_t* __restrict__ lptr,
+                               const int32_t* __restrict__ lidx, int64_t B, int64_t L,
+                               int64_t chunks, const double* __restrict__ psum,
+                               double* __restrict__ prow) {
+  __shared__ double scratch[33];
+  for (int64_t r = blockIdx.x; r < B; r += gridDim.x) {
+    const float* xr = x + r * L;
+    const int64_t j0 = lptr[r], j1 = lptr[r + 1];
+    double base = 0.0, fix = 0.0, removed = 0.0;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) base += psum[r * chunks + c];
+    for (int64_t j = j0 + int64_t{threadIdx.x}; j < j1; j += blockDim.x) {
+      const float xj = xr[lidx[j]];
+      const double t0 = csr_term<K>(xj, 0.0f);
+      fix += static_cast<double>(csr_term<K>(xj, 1.0f)) - t0;
+      removed = fmax(removed, t0);
+    }
+    base = block_sum(base, scratch);
+    fix = block_sum(fix, scratch);
+    removed = warp_max(removed);
+    const double row = base + fix;
+    // The same in every thread, so the whole block takes the same branch.
+    if (isfinite(base) && isfinite(row) && removed <= kMaxCancel * fabs(row)) {
+      if (threadIdx.x == 0) prow[r] = row;
+      continue;
+    }
+    Tally t{0.0, 0.0, 0.0, 0.0};
+    for (int64_t l = threadIdx.x; l < L; l += blockDim.x) {
+      bool listed = false;
+      for (int64_t j = j0; j < j1 && !listed; ++j) listed = lidx[j] == l;
+      tally_add(t, csr_term<K>(xr[l], listed ? 1.0f : 0.0f));
+    }
+    const double exact = tally_value(t, scratch);
+    if (threadIdx.x == 0) prow[r] = exact;
+  }
+}
+
+struct CsrLayout {
+  double* psum;  // [B][chunks]
+  double* prow;  // [B]
+  size_t total;
+};
+
+CsrLayout csr_layout(void* base, int64_t B, int64_t chunks) {
+  auto* p = static_cast<std::byte*>(base);
+  const size_t sums = align_up(static_cast<size_t>(B * chunks) * sizeof(double));
+  CsrLayout w{};
+  w.psum = p ? reinterpret_cast<double*>(p) : nullptr;
+  w.prow = p ? reinterpret_cast<double*>(p + sums) : nullptr;
+  w.total = sums + align_up(static_cast<size_t>(B) * sizeof(double));
+  return w;
+}
+
+size_t csr_ws(const KernelArgs& a) {
+  const Dims d = dims_of(a.in[0]);
+  return csr_layout(nullptr, d.b, chunks_of(d.l)).total;
+}
+
+template <Kind K>
+void csr_loss(const KernelArgs& a) {
+  if (!f32_only(a, K == Kind::bce ? "bce_logits_csr" : "squared_hinge_csr")) return;
+  const Dims d = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  if (d.b == 0 || d.l == 0) {  // the mean over no rows, or of empty rows, is 0
+    write_zero(out, s);
+    return;
+  }
+  const float* x = a.in[0].as<const float>();
+  const int64_t chunks = chunks_of(d.l);
+  const CsrLayout w = csr_layout(a.workspace, d.b, chunks);
+  csr_chunk_kernel<K><<<chunk_grid(d.b, chunks), kThreads, 0, s>>>(x, d.b, d.l, w.psum);
+  if (!launched("csr_chunk_kernel")) return;
+  csr_row_kernel<K><<<rows_grid(d.b), kRowThreads, 0, s>>>(x, a.in[1].as<const int32_t>(),
+                                                           a.in[2].as<const int32_t>(), d.b, d.l,
+                                                           chunks, w.psum, w.prow);
+  if (!launched("csr_row_kernel")) return;
+  finish_kernel<<<1, kThreads, 0, s>>>(w.prow, d.b, d.b, out);
+  launched("finish_kernel");
+}
+
+// dx at t = 0 everywhere (the dense expressions with t a constant) ...
+template <Kind K>
+__global__ void csr_flat_grad_kernel(const float* __restrict__ x, float* __restrict__ dx, int64_t n,
+                                     float k) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    if (K == Kind::bce) {
+      dx[i] = k * (sigmoid(x[i]) - 0.0f);
+    } else {
+      const float sg = -1.0f;
+      dx[i] = -2.0f * k * sg * max0(1.0f - sg * x[i]);
+    }
+  }
+}
+
+// ... then at t = 1 over the listed labels (queued after it on the stream).
+template <Kind K>
+__global__ void csr_grad_fix_kernel(const float* __restrict__ x, const int32_t* __restrict__ lptr,
+                                    const int32_t* __restrict__ lidx, float* __restrict__ dx,
+                                    int64_t B, int64_t L, float k) {
+  for (int64_t r = blockIdx.x; r < B; r += gridDim.x)
+    for (int64_t j = lptr[r] + int64_t{threadIdx.x}; j < lptr[r + 1]; j += blockDim.x) {
+      const int64_t i = r * L + lidx[j];
+      if (K == Kind::bce) {
+        dx[i] = k * (sigmoid(x[i]) - 1.0f);
+      } else {
+        const float sg = 1.0f;
+        dx[i] = -2.0f * k * sg * max0(1.0f - sg * x[i]);
+      }
+    }
+}
+
+template <Kind K>
+void csr_flat_grad(const KernelArgs& a) {
+  if (!f32_only(a, K == Kind::bce ? "bce_logits_csr_grad" : "squared_hinge_csr_grad")) return;
+  const Dims d = dims_of(a.in[0]);
+  const int64_t n = d.b * d.l;
+  if (d.b == 0 || n == 0) return;
+  const float* x = a.in[0].as<const float>();
+  float* dx = a.out[0].as<float>();
+  const float k = grad_scale(a, d.b);
+  const cudaStream_t s = stream_of(a);
+  csr_flat_grad_kernel<K><<<grid_for(n, kThreads), kThreads, 0, s>>>(x, dx, n, k);
+  if (!launched("csr_flat_grad_kernel")) return;
+  csr_grad_fix_kernel<K><<<rows_grid(d.b), kRowThreads, 0, s>>>(
+      x, a.in[1].as<const int32_t>(), a.in[2].as<const int32_t>(), dx, d.b, d.l, k);
+  launched("csr_grad_fix_kernel");
+}
+
+// ---- softmax cross-entropy with label-CSR targets -----------------------------
+
+struct XentCsrLayout {
+  float* pmax;   // [B][chunks]
+  float* pninf;  // [B][chunks] logits equal to -inf
+  double* psum;  // [B][chunks] Σ exp(x − shift)
+  double* prow;  // [B] the row's loss
+  size_t total;
+};
+
+XentCsrLayout xent_csr_layout(void* base, int64_t B, int64_t chunks) {
+  const auto n = static_cast<size_t>(B * chunks);
+  auto* p = static_cast<std::byte*>(base);
+  XentCsrLayout w{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    std::byte* at = p ? p + off : nullptr;
+    off = align_up(off + bytes);
+    return at;
+  };
+  w.pmax = reinterpret_cast<float*>(take(n * sizeof(float)));
+  w.pninf = reinterpret_cast<float*>(take(n * sizeof(float)));
+  w.psum = reinterpret_cast<double*>(take(n * sizeof(double)));
+  w.prow = reinterpret_cast<double*>(take(static_cast<size_t>(B) * sizeof(double)));
+  w.total = off;
+  return w;
+}
+
+size_t xent_csr_ws(const KernelArgs& a) {
+  const Dims d = dims_of(a.in[0]);
+  return xent_csr_layout(nullptr, d.b, chunks_of(d.l)).total;
+}
+
+// Max of a chunk (NaN skipped, as in xent_max_kernel) and its count of -inf
+// logits (a chunk holds at most kChunk, exact in float).
+__global__ void xent_csr_max_kernel(const float* __restrict__ x, int64_t B, int64_t L,
+                                    float* __restrict__ pmax, float* __restrict__ pninf) {
+  __shared__ float red[kThreads];
+  __shared__ float cnt[kThreads];
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    float m = -INFINITY, c = 0.0f;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+      const float v = x[r * L + j];
+      m = fmaxf(m, v);
+      c += v == -INFINITY ? 1.0f : 0.0f;
+    }
+    red[threadIdx.x] = m;
+    cnt[threadIdx.x] = c;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) {
+        red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        cnt[threadIdx.x] += cnt[threadIdx.x + s];
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      pmax[r * gridDim.x + blockIdx.x] = red[0];
+      pninf[r * gridDim.x + blockIdx.x] = cnt[0];
+    }
+    __syncthreads();
+  }
+}
+
+// Σ exp(x − shift) over the chunk.
+__global__ void xent_csr_sum_kernel(const float* __restrict__ x, int64_t B, int64_t L,
+                                    const float* __restrict__ pmax, double* __restrict__ psum) {
+  __shared__ double scratch[33];
+  const int64_t chunks = gridDim.x;
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const float shift = row_shift(pmax, r, chunks);
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    double se = 0.0;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
+      se += static_cast<double>(expf(x[r * L + j] - shift));
+    se = block_sum(se, scratch);
+    if (threadIdx.x == 0) psum[r * chunks + blockIdx.x] = se;
+  }
+}
+
+bool xent_csr_stats(const float* x, int64_t B, int64_t L, const XentCsrLayout& w, cudaStream_t s) {
+  const int64_t chunks = chunks_of(L);
+  xent_csr_max_kernel<<<chunk_grid(B, chunks), kThreads, 0, s>>>(x, B, L, w.pmax, w.pninf);
+  if (!launched("xent_csr_max_kernel")) return false;
+  xent_csr_sum_kernel<<<chunk_grid(B, chunks), kThreads, 0, s>>>(x, B, L, w.pmax, w.psum);
+  return launched("xent_csr_sum_kernel");
+}
+
+// Row r's loss Σ_listed (lse − x), with the dense form's non-finite cases: a
+// non-finite lse gives NaN (some term is inf − inf or NaN there), and so does
+// an unlisted -inf logit (0·inf); a listed one gives +inf.
+__global__ void xent_csr_row_kernel(const float* __restrict__ x, const int32_t* __restrict__ lptr,
+                                    const int32_t* __restrict__ lidx, int64_t B, int64_t L,
+                                    int64_t chunks, const float* __restrict__ pmax,
+                                    const float* __restrict__ pninf,
+                                    const double* __restrict__ psum, double* __restrict__ prow) {
+  __shared__ double scratch[33];
+  for (int64_t r = blockIdx.x; r < B; r += gridDim.x) {
+    const double lse = row_lse(pmax, psum, r, chunks);
+    double acc = 0.0, listed_ninf = 0.0;
+    for (int64_t j = lptr[r] + int64_t{threadIdx.x}; j < lptr[r + 1]; j += blockDim.x) {
+      const float xj = x[r * L + lidx[j]];
+      acc += lse - static_cast<double>(xj);
+      listed_ninf += xj == -INFINITY ? 1.0 : 0.0;
+    }
+    acc = block_sum(acc, scratch);
+    listed_ninf = block_sum(listed_ninf, scratch);
+    if (threadIdx.x == 0) {
+      double ninf = 0.0;
+      for (int64_t c = 0; c < chunks; ++c) ninf += pninf[r * chunks + c];
+      prow[r] = !isfinite(lse) || ninf > listed_ninf ? nan("") : acc;
+    }
+  }
+}
+
+void softmax_xent_csr(const KernelArgs& a) {
+  if (!f32_only(a, "softmax_xent_csr")) return;
+  const Dims d = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  if (d.b == 0 || d.l == 0) {
+    write_zero(out, s);
+    return;
+  }
+  const float* x = a.in[0].as<const float>();
+  const int64_t chunks = chunks_of(d.l);
+  const XentCsrLayout w = xent_csr_layout(a.workspace, d.b, chunks);
+  if (!xent_csr_stats(x, d.b, d.l, w, s)) return;
+  xent_csr_row_kernel<<<rows_grid(d.b), kRowThreads, 0, s>>>(
+      x, a.in[1].as<const int32_t>(), a.in[2].as<const int32_t>(), d.b, d.l, chunks, w.pmax,
+      w.pninf, w.psum, w.prow);
+  if (!launched("xent_csr_row_kernel")) return;
+  finish_kernel<<<1, kThreads, 0, s>>>(w.prow, d.b, d.b, out);
+  launched("finish_kernel");
+}
+
+// dx = k·(softmax(x)·n_r − 0) everywhere, n_r = the row's label count ...
+__global__ void xent_csr_grad_kernel(const float* __restrict__ x, const int32_t* __restrict__ lptr,
+                                     float* __restrict__ dx, int64_t B, int64_t L,
+                                     const float* __restrict__ pmax,
+                                     const double* __restrict__ psum, float k) {
+  const int64_t chunks = gridDim.x;
+  for (int64_t r = blockIdx.y; r < B; r += gridDim.y) {
+    const double lse = row_lse(pmax, psum, r, chunks);
+    const float tsf = static_cast<float>(lptr[r + 1] - lptr[r]);
+    const int64_t j0 = blockIdx.x * kChunk, j1 = j0 + kChunk < L ? j0 + kChunk : L;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+      const float p = expf(static_cast<float>(static_cast<double>(x[r * L + j]) - lse));
+      dx[r * L + j] = k * (p * tsf - 0.0f);
+    }
+  }
+}
+
+// ... then k·(softmax(x)·n_r − 1) at the listed labels.
+__global__ void xent_csr_grad_fix_kernel(const float* __restrict__ x,
+                                         const int32_t* __restrict__ lptr,
+                                         const int32_t* __restrict__ lidx, float* __restrict__ dx,
+                                         int64_t B, int64_t L, int64_t chunks,
+                                         const float* __restrict__ pmax,
+                                         const double* __restrict__ psum, float k) {
+  for (int64_t r = blockIdx.x; r < B; r += gridDim.x) {
+    const double lse = row_lse(pmax, psum, r, chunks);
+    const float tsf = static_cast<float>(lptr[r + 1] - lptr[r]);
+    for (int64_t j = lptr[r] + int64_t{threadIdx.x}; j < lptr[r + 1]; j += blockDim.x) {
+      const int64_t i = r * L + lidx[j];
+      const float p = expf(static_cast<float>(static_cast<double>(x[i]) - lse));
+      dx[i] = k * (p * tsf - 1.0f);
+    }
+  }
+}
+
+void softmax_xent_csr_grad(const KernelArgs& a) {
+  if (!f32_only(a, "softmax_xent_csr_grad")) return;
+  const Dims d = dims_of(a.in[0]);
+  if (d.b == 0 || d.l == 0) return;
+  const float* x = a.in[0].as<const float>();
+  const int32_t* lptr = a.in[1].as<const int32_t>();
+  const int32_t* lidx = a.in[2].as<const int32_t>();
+  float* dx = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  const int64_t chunks = chunks_of(d.l);
+  const XentCsrLayout w = xent_csr_layout(a.workspace, d.b, chunks);
+  const float k = grad_scale(a, d.b);
+  if (!xent_csr_stats(x, d.b, d.l, w, s)) return;
+  xent_csr_grad_kernel<<<chunk_grid(d.b, chunks), kThreads, 0, s>>>(x, lptr, dx, d.b, d.l, w.pmax,
+                                                                    w.psum, k);
+  if (!launched("xent_csr_grad_kernel")) return;
+  xent_csr_grad_fix_kernel<<<rows_grid(d.b), kRowThreads, 0, s>>>(x, lptr, lidx, dx, d.b, d.l,
+                                                                  chunks, w.pmax, w.psum, k);
+  launched("xent_csr_grad_fix_kernel");
+}
+
 KernelVariant det(const char* op, KernelFn fn, WorkspaceFn ws) {
   return KernelVariant{op, "cuda", fn, ws, true};
 }
@@ -338,6 +747,12 @@ std::vector<KernelVariant> cuda_loss_kernels() {
       det("squared_hinge_grad", flat_grad<Kind::hinge>, nullptr),
       det("softmax_xent", softmax_xent, xent_ws),
       det("softmax_xent_grad", softmax_xent_grad, xent_ws),
+      det("bce_logits_csr", csr_loss<Kind::bce>, csr_ws),
+      det("bce_logits_csr_grad", csr_flat_grad<Kind::bce>, nullptr),
+      det("squared_hinge_csr", csr_loss<Kind::hinge>, csr_ws),
+      det("squared_hinge_csr_grad", csr_flat_grad<Kind::hinge>, nullptr),
+      det("softmax_xent_csr", softmax_xent_csr, xent_csr_ws),
+      det("softmax_xent_csr_grad", softmax_xent_csr_grad, xent_csr_ws),
   };
 }
 

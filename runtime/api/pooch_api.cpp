@@ -418,10 +418,26 @@ pooch_status pooch_model_set_run_shape(pooch_model* m, int64_t batch_size, int64
     pooch::ModelSpec s = m->spec;
     if (batch_size) {
       s.batch = batch_size;
-      if (!max_nnz) s.max_nnz = 0;  // re-derived from the batch
+      s.max_labels = 0;             // re-derived from the batch
+      if (!max_nnz) s.max_nnz = 0;  // likewise
     }
     if (max_nnz) s.max_nnz = max_nnz;
     if (topk) s.topk = topk;
+    pooch::validate_spec(s);
+    m->spec = s;
+    m->spec_json = pooch::spec_to_json(s);
+  });
+}
+
+pooch_status pooch_model_set_max_labels(pooch_model* m, int64_t max_labels) {
+  POOCH_REQUIRE_ARG(m, "pooch_model_set_max_labels: model must not be NULL");
+  POOCH_REQUIRE_ARG(max_labels >= 0,
+                    fmt::format("pooch_model_set_max_labels: max_labels must not be negative, "
+                                "got {}",
+                                max_labels));
+  return guarded([&] {
+    pooch::ModelSpec s = m->spec;
+    s.max_labels = max_labels;
     pooch::validate_spec(s);
     m->spec = s;
     m->spec_json = pooch::spec_to_json(s);
@@ -521,6 +537,20 @@ int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size)
   std::vector<int64_t> len(rp.size() - 1);
   for (size_t r = 0; r + 1 < rp.size(); ++r) len[r] = rp[r + 1] - rp[r];
   const auto n = static_cast<size_t>(std::min<int64_t>(batch_size, static_cast<int64_t>(len.size())));
+  std::partial_sort(len.begin(), len.begin() + static_cast<long>(n), len.end(), std::greater<>());
+  int64_t sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += len[i];
+  return sum;
+}
+
+int64_t pooch_dataset_max_batch_labels(const pooch_dataset* ds, int64_t batch_size) {
+  if (!ds || batch_size <= 0) return 0;
+  const auto& lp = ds->data.label_ptr;
+  if (lp.size() < 2) return 0;
+  std::vector<int64_t> len(lp.size() - 1);
+  for (size_t r = 0; r + 1 < lp.size(); ++r) len[r] = lp[r + 1] - lp[r];
+  const auto n =
+      static_cast<size_t>(std::min<int64_t>(batch_size, static_cast<int64_t>(len.size())));
   std::partial_sort(len.begin(), len.begin() + static_cast<long>(n), len.end(), std::greater<>());
   int64_t sum = 0;
   for (size_t i = 0; i < n; ++i) sum += len[i];

@@ -88,6 +88,7 @@ void validate_spec(const ModelSpec& s) {
       "the input width and the label count must fit in 32-bit indices");
   req(s.batch > 0, fmt::format("the batch size must be positive, got {}", s.batch));
   req(s.max_nnz >= 0, "max_nnz must not be negative");
+  req(s.max_labels >= 0, "max_labels must not be negative");
   req(s.topk >= 1, fmt::format("top-k must be at least 1, got {}", s.topk));
   req(!s.layers.empty(), "the model needs at least an output layer");
   int64_t width = s.input_width;
@@ -153,11 +154,12 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
       bad(src, e.what());
     }
   }
-  for (const char* key : {"batch", "max_nnz", "topk", "seed"})
+  for (const char* key : {"batch", "max_nnz", "max_labels", "topk", "seed"})
     if (j.contains(key) && !j[key].is_number_integer())
       bad(src, fmt::format("{} must be an integer", key));
   s.batch = j.value("batch", s.batch);
   s.max_nnz = j.value("max_nnz", s.max_nnz);
+  s.max_labels = j.value("max_labels", s.max_labels);
   s.topk = j.value("topk", s.topk);
   s.seed = j.value("seed", s.seed);
   if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
@@ -208,6 +210,7 @@ std::string spec_to_json(const ModelSpec& s) {
   j["loss"] = loss_name(s.loss);
   j["batch"] = s.batch;
   j["max_nnz"] = s.max_nnz;
+  j["max_labels"] = s.max_labels;
   j["topk"] = s.topk;
   j["seed"] = s.seed;
   json layers = json::array();

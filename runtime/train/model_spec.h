@@ -36,9 +36,11 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;
   LossKind loss = LossKind::bce;
   // How the model runs (not its architecture): rows per step, the nonzeros a
-  // sparse batch may hold (0: batch * 64), the most labels predict returns.
+  // sparse batch may hold (0: batch * 64), the positive labels a batch may
+  // hold (0: batch * 32), the most labels predict returns.
   int64_t batch = 64;
   int64_t max_nnz = 0;
+  int64_t max_labels = 0;
   int topk = 5;
   uint64_t seed = 1;
 };

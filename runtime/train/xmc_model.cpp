@@ -18,6 +18,7 @@ std::unique_ptr<XmcModel> build_xmc_model(const ModelSpec& spec, const Optimizer
   m->spec = spec;
   ModelSpec& s = m->spec;
   if (s.max_nnz == 0) s.max_nnz = s.batch * 64;
+  if (s.max_labels == 0) s.max_labels = s.batch * 32;
   s.topk = static_cast<int>(std::min<int64_t>(s.topk, s.labels));
   Graph& g = m->graph;
   const int64_t B = s.batch, L = s.labels;
@@ -41,7 +42,11 @@ std::unique_ptr<XmcModel> build_xmc_model(const ModelSpec& spec, const Optimizer
     m->x = g.add_tensor({"batch.x", DType::f32, {B, s.input_width}, Role::input});
     h = m->x;
   }
-  m->targets = g.add_tensor({"batch.targets", DType::f32, {B, L}, Role::input});
+  // The targets as a label CSR (no [B, L] array is filled or copied per
+  // step). lidx is added just before the loss: weights draw their initial
+  // values by tensor id, so they keep the ids they had with the one dense
+  // target tensor that lptr replaces here.
+  m->lptr = g.add_tensor({"batch.lptr", DType::i32, {B + 1}, Role::input});
 
   int64_t width = s.input_width;
   // Most labels are absent from most rows: start every logit low so the
@@ -117,10 +122,11 @@ std::unique_ptr<XmcModel> build_xmc_model(const ModelSpec& spec, const Optimizer
   const auto top = g.add_op("topk", {m->logits}, {{"k", s.topk}}, {"top.values", "top.indices"});
   m->top_values = top[0];
   m->top_indices = top[1];
-  const char* loss_op = s.loss == LossKind::bce             ? "bce_logits"
-                        : s.loss == LossKind::squared_hinge ? "squared_hinge"
-                                                            : "softmax_xent";
-  m->loss = g.add_op1(loss_op, {m->logits, m->targets}, {}, "loss");
+  const char* loss_op = s.loss == LossKind::bce             ? "bce_logits_csr"
+                        : s.loss == LossKind::squared_hinge ? "squared_hinge_csr"
+                                                            : "softmax_xent_csr";
+  m->lidx = g.add_tensor({"batch.lidx", DType::i32, {s.max_labels}, Role::input});
+  m->loss = g.add_op1(loss_op, {m->logits, m->lptr, m->lidx}, {}, "loss");
   g.mark_output(m->loss);
   g.mark_output(m->top_values);
   g.mark_output(m->top_indices);

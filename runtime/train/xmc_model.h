@@ -22,11 +22,12 @@ struct WeightInit {
 };
 
 struct XmcModel {
-  ModelSpec spec;  // with max_nnz and topk resolved
+  ModelSpec spec;  // with max_nnz, max_labels and topk resolved
   Graph graph;
   TensorId ptr = kNoTensor, idx = kNoTensor, val = kNoTensor;  // sparse input
   TensorId x = kNoTensor;                                      // dense input
-  TensorId targets = kNoTensor;
+  // The positive labels of each row as a CSR: lptr i32[B+1], lidx i32[max_labels].
+  TensorId lptr = kNoTensor, lidx = kNoTensor;
   TensorId logits = kNoTensor, loss = kNoTensor, top_values = kNoTensor, top_indices = kNoTensor;
   std::vector<WeightInit> init;  // every weight and optimizer state
 };

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -120,18 +121,41 @@ void XmcSession::stage(const BatchView& b, bool with_labels) {
   if (!with_labels) return;
   if (!b.label_ptr || (b.label_ptr[b.rows] > b.label_ptr[0] && !b.label))
     throw Error(POOCH_ERR_INVALID_ARG, "batch: label_ptr and label must not be null when training");
-  auto* t = static_cast<float*>(exec_->input_staging(model_->targets));
-  std::memset(t, 0, static_cast<size_t>(s.batch * s.labels) * 4);
-  for (int64_t r = 0; r < b.rows; ++r) {
+  // The targets go to the loss as a label CSR: row offsets relative to the
+  // batch, the rows' labels packed from 0, padding rows empty.
+  for (int64_t r = 0; r < b.rows; ++r)
     if (b.label_ptr[r + 1] < b.label_ptr[r])
       throw Error(POOCH_ERR_BAD_INPUT, fmt::format("batch row {}: label_ptr decreases", r));
+  const int64_t labels = b.label_ptr[b.rows] - b.label_ptr[0];
+  if (labels > s.max_labels)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("batch has {} labels; the session reserved {} (raise max_labels)",
+                            labels, s.max_labels));
+  auto* lptr = static_cast<int32_t*>(exec_->input_staging(model_->lptr));
+  auto* lidx = static_cast<int32_t*>(exec_->input_staging(model_->lidx));
+  int64_t n = 0;
+  lptr[0] = 0;
+  for (int64_t r = 0; r < b.rows; ++r) {
+    const int64_t first = n;
+    bool ascending = true;
     for (int64_t j = b.label_ptr[r]; j < b.label_ptr[r + 1]; ++j) {
-      if (b.label[j] < 0 || b.label[j] >= s.labels)
-        throw Error(POOCH_ERR_BAD_INPUT, fmt::format("batch row {}: label {} is outside [0, {})", r,
-                                                     b.label[j], s.labels));
-      t[r * s.labels + b.label[j]] = 1.0f;
+      const int32_t id = b.label[j];
+      if (id < 0 || id >= s.labels)
+        throw Error(POOCH_ERR_BAD_INPUT,
+                    fmt::format("batch row {}: label {} is outside [0, {})", r, id, s.labels));
+      if (n > first && id <= lidx[n - 1]) ascending = false;
+      lidx[n++] = id;
     }
+    // The loss kernels take each row's labels as distinct: a repeated label
+    // counts once, as it did in dense 0/1 targets. Rows from a data set
+    // arrive sorted and unique, so this is only a check for them.
+    if (!ascending) {
+      std::sort(lidx + first, lidx + n);
+      n = std::unique(lidx + first, lidx + n) - lidx;
+    }
+    lptr[r + 1] = static_cast<int32_t>(n);
   }
+  for (int64_t r = b.rows + 1; r <= s.batch; ++r) lptr[r] = static_cast<int32_t>(n);
 }
 
 float XmcSession::step(const BatchView& b) {

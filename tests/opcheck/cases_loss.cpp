@@ -1,8 +1,10 @@
 // Kernel checker cases for the losses (docs/OPS.md, "Losses"). Logits mix
 // ordinary values with |x| = 30 and 100, where a naive exp or log overflows in
 // f32, so an unstable formula fails here rather than in training.
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "opcheck.h"
 
@@ -37,6 +39,42 @@ HostTensor targets(Rng& rng, int64_t b, int64_t l, Targets kind) {
         v = (r % 3 == 1 || v == 0.0) ? 0.0 : static_cast<float>(weight(rng));
       t.values[static_cast<size_t>(r * l + j)] = v;
     }
+  return t;
+}
+
+// Positive labels as a CSR over L labels: {lptr, lidx}, the ids of a row
+// distinct and in random order (a kernel may not assume them sorted). Every
+// third row has none; the others take each label with probability 0.3, and
+// row 2 (when there is one) takes them all. Past lptr[B], lidx carries junk
+// that no kernel may read: ids out of range (L, -1, L + 1000) and a valid one
+// (0) that would be counted twice.
+std::vector<HostTensor> label_csr(Rng& rng, int64_t b, int64_t l) {
+  std::vector<double> ptr{0.0}, idx;
+  std::bernoulli_distribution on(0.3);
+  for (int64_t r = 0; r < b; ++r) {
+    std::vector<double> row;
+    for (int64_t j = 0; j < l; ++j)
+      if (r % 3 != 1 && (r == 2 || on(rng))) row.push_back(static_cast<double>(j));
+    std::shuffle(row.begin(), row.end(), rng);
+    idx.insert(idx.end(), row.begin(), row.end());
+    ptr.push_back(static_cast<double>(idx.size()));
+  }
+  const double junk[] = {static_cast<double>(l), -1.0, static_cast<double>(l) + 1000.0, 0.0};
+  for (double j : junk) idx.push_back(j);
+  const auto m = static_cast<int64_t>(idx.size());
+  return {HostTensor{DType::i32, {b + 1}, std::move(ptr), "lptr"},
+          HostTensor{DType::i32, {m}, std::move(idx), "lidx"}};
+}
+
+// The dense 0/1 targets the CSR stands for.
+HostTensor dense_of(const std::vector<HostTensor>& csr, int64_t b, int64_t l) {
+  HostTensor t{DType::f32, {b, l}, std::vector<double>(static_cast<size_t>(b * l), 0.0), "t"};
+  const std::vector<double>& ptr = csr[0].values;
+  const std::vector<double>& idx = csr[1].values;
+  for (int64_t r = 0; r < b; ++r)
+    for (auto j = static_cast<size_t>(ptr[static_cast<size_t>(r)]);
+         j < static_cast<size_t>(ptr[static_cast<size_t>(r + 1)]); ++j)
+      t.values[static_cast<size_t>(r * l + static_cast<int64_t>(idx[j]))] = 1.0;
   return t;
 }
 
@@ -106,6 +144,41 @@ std::vector<OpCase> loss_cases(Rng& rng) {
         g.op = std::string(k.op) + "_grad";
         g.attrs = Attrs{{"scale", empty ? 1.0 : 0.37}};
         g.inputs = {std::move(x), std::move(t)};
+        g.label = label + (empty ? "" : " scale=0.37");
+        cases.push_back(std::move(g));
+      }
+    }
+
+  // The label-CSR forms (lptr, lidx instead of t): binary targets, softmax
+  // with each listed label weighted 1. B = 0, a single element, one row, a
+  // batch of zero-width rows, odd sizes, and 32 rows over 1000 labels; every
+  // third row has no label, row 2 has all of them.
+  const Shape2 csr_shapes[] = {{0, 5, false}, {1, 1, false}, {1, 9, true},    {2, 0, false},
+                               {3, 7, false}, {5, 13, true}, {32, 1000, true}};
+  for (const char* op : {"bce_logits_csr", "squared_hinge_csr", "softmax_xent_csr"})
+    for (const Shape2& s : csr_shapes) {
+      const bool hinge = std::string(op) == "squared_hinge_csr";
+      const bool huge = s.huge && !hinge;  // as for the dense hinge above
+      HostTensor x = logits(rng, s.b, s.l, huge);
+      std::vector<HostTensor> csr = label_csr(rng, s.b, s.l);
+      if (hinge) clear_hinge_kink(x, dense_of(csr, s.b, s.l));
+      const std::string label = "B=" + std::to_string(s.b) + " L=" + std::to_string(s.l) +
+                                (huge ? " |x| to 100" : " |x| to 30") + " labels as CSR";
+      const bool empty = s.b * s.l == 0;
+
+      OpCase c;
+      c.op = op;
+      c.inputs = {x, csr[0], csr[1]};
+      if (!empty) c.grad_inputs = {0};
+      if (s.l >= 1000) c.fd_tol = 1e-5;
+      c.label = label;
+      cases.push_back(std::move(c));
+
+      if (empty || s.b == 3 || s.b == 5) {
+        OpCase g;
+        g.op = std::string(op) + "_grad";
+        g.attrs = Attrs{{"scale", empty ? 1.0 : 0.37}};
+        g.inputs = {std::move(x), std::move(csr[0]), std::move(csr[1])};
         g.label = label + (empty ? "" : " scale=0.37");
         cases.push_back(std::move(g));
       }

@@ -31,12 +31,14 @@ std::string spec_json(const Data& d) {
   int64_t f = 0, l = 0;
   pooch_dataset_shape(d.train, nullptr, &f, &l);
   const int64_t nnz = pooch_dataset_max_batch_nnz(d.train, 32);
+  const int64_t labels = pooch_dataset_max_batch_labels(d.train, 32);
   return "{\"input\": {\"kind\": \"sparse\", \"width\": " + std::to_string(f) +
          "}, \"labels\": " + std::to_string(l) +
          ", \"layers\": [{\"type\": \"linear\", \"width\": 32}, {\"type\": \"dropout\", \"p\": "
          "0.2},"
          " {\"type\": \"ffi\", \"fan_in\": 8}], \"batch\": 32, \"loss\": \"squared-hinge\", "
-         "\"max_nnz\": " + std::to_string(nnz) + "}";
+         "\"max_nnz\": " +
+         std::to_string(nnz) + ", \"max_labels\": " + std::to_string(labels) + "}";
 }
 
 std::vector<char> read_tensor(pooch_session* s, const char* name) {

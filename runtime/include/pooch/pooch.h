@@ -105,9 +105,16 @@ POOCH_API pooch_status pooch_model_load(const char* path, pooch_model** out);
  * over `labels`; every other weight is kept. */
 POOCH_API pooch_status pooch_model_replace_head(pooch_model* model, int64_t labels);
 /* How the model runs: rows per step, nonzeros reserved per batch (0: 64 per
- * row), the most labels predict returns. 0 keeps the current value. */
+ * row), the most labels predict returns. 0 keeps the current value. A new
+ * batch size re-derives max_labels from it (set it again afterwards), and
+ * max_nnz too unless one is given. */
 POOCH_API pooch_status pooch_model_set_run_shape(pooch_model* model, int64_t batch_size,
                                                  int64_t max_nnz, int topk);
+/* The positive labels a training batch may hold in all (0: 32 per row of
+ * the batch size); a step whose batch holds more fails with
+ * POOCH_ERR_INVALID_ARG. pooch_dataset_max_batch_labels gives what a data
+ * set needs. */
+POOCH_API pooch_status pooch_model_set_max_labels(pooch_model* model, int64_t max_labels);
 /* The model's spec as JSON; valid until the model is freed or changed. */
 POOCH_API const char* pooch_model_spec_json(const pooch_model* model);
 /* 1 when the model was loaded from a checkpoint. */
@@ -244,6 +251,10 @@ POOCH_API pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* p
  * the largest row lengths): the max_nnz a model needs to take any batch of it,
  * shuffled or not (pooch_model_set_run_shape). */
 POOCH_API int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size);
+/* The same for labels: the most positive labels any `batch_size` rows of `ds`
+ * hold together, the max_labels a model needs to train on any batch of it
+ * (pooch_model_set_max_labels). */
+POOCH_API int64_t pooch_dataset_max_batch_labels(const pooch_dataset* ds, int64_t batch_size);
 /* 1 when the features are dense rows (from .npy). */
 POOCH_API int pooch_dataset_is_dense(const pooch_dataset* ds);
 /* A synthetic train/test pair shaped like a known data set ("EURLex-4K",
