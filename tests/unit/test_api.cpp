@@ -124,6 +124,56 @@ TEST(Api, BadBatchSaysWhereAndLosesNothing) {
   EXPECT_EQ(pooch_session_step(f.sess, &good, nullptr), POOCH_OK);
 }
 
+TEST(Api, LabelBudgetAndDuplicateLabels) {
+  Fixture f;
+  ASSERT_EQ(f.status, POOCH_OK);
+  const int64_t ptr[2] = {0, 1};
+  const int32_t col[1] = {3};
+  const float val[1] = {1};
+  // A repeated label counts once: the same loss as the row with it once.
+  const int64_t lptr_dup[2] = {0, 3}, lptr_one[2] = {0, 1};
+  const int32_t lab[3] = {7, 7, 7};
+  pooch_batch dup{1, ptr, col, val, lptr_dup, lab, nullptr};
+  pooch_batch one{1, ptr, col, val, lptr_one, lab, nullptr};
+  pooch_session_params sp;
+  pooch_session_default_params(&sp);
+  sp.device = POOCH_DEVICE_CPU;
+  sp.threads = 1;
+  pooch_session* a = nullptr;
+  pooch_session* b = nullptr;
+  ASSERT_EQ(pooch_session_create(f.model, &sp, &a), POOCH_OK);
+  ASSERT_EQ(pooch_session_create(f.model, &sp, &b), POOCH_OK);
+  float la = 0, lb = 0;
+  ASSERT_EQ(pooch_session_step(a, &dup, &la), POOCH_OK) << pooch_last_error();
+  ASSERT_EQ(pooch_session_step(b, &one, &lb), POOCH_OK) << pooch_last_error();
+  EXPECT_EQ(la, lb);
+  pooch_session_free(&a);
+  pooch_session_free(&b);
+
+  // More labels than the model reserved: a clear error naming the fix.
+  pooch_model* small = nullptr;
+  pooch_xmc_params mp;
+  pooch_xmc_default_params(&mp);
+  mp.features = 200;
+  mp.labels = 40;
+  mp.hidden = 8;
+  mp.fan_in = 4;
+  mp.batch_size = 1;
+  ASSERT_EQ(pooch_model_create_xmc(&mp, &small), POOCH_OK);
+  ASSERT_EQ(pooch_model_set_max_labels(small, 2), POOCH_OK);
+  pooch_session* s = nullptr;
+  ASSERT_EQ(pooch_session_create(small, &sp, &s), POOCH_OK);
+  const int64_t lptr3[2] = {0, 3};
+  const int32_t three[3] = {1, 2, 3};
+  pooch_batch many{1, ptr, col, val, lptr3, three, nullptr};
+  EXPECT_EQ(pooch_session_step(s, &many, nullptr), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("max_labels"), std::string::npos)
+      << pooch_last_error();
+  EXPECT_EQ(pooch_dataset_max_batch_labels(f.ds, 16) >= 16, true);
+  pooch_session_free(&s);
+  pooch_model_free(&small);
+}
+
 TEST(Api, CancelFromAnotherThread) {
   Fixture f;
   ASSERT_EQ(f.status, POOCH_OK);
