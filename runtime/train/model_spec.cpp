@@ -39,6 +39,20 @@ int64_t get_int(const json& o, const char* key, const std::string& path, const s
   return v.get<int64_t>();
 }
 
+// A misspelt key ("activaton") must not fall back to a default silently.
+void only_known(const json& o, std::initializer_list<const char*> known, const std::string& path,
+                const std::string& src) {
+  for (const auto& [key, value] : o.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    if (!ok) {
+      std::string list;
+      for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      bad(src, fmt::format("{}: unknown field \"{}\" (known: {})", path, key, list));
+    }
+  }
+}
+
 }  // namespace
 
 const char* loss_name(LossKind k) {
@@ -140,7 +154,11 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (!j.is_object()) bad(src, "the model spec must be a JSON object");
   ModelSpec s;
   if (!j.contains("input") || !j["input"].is_object()) bad(src, "\"input\" must be an object");
+  only_known(
+      j, {"input", "labels", "layers", "loss", "batch", "max_nnz", "max_labels", "topk", "seed"},
+      "the spec", src);
   const json& in = j["input"];
+  only_known(in, {"kind", "width"}, "input", src);
   const std::string kind = in.value("kind", "sparse");
   if (kind != "sparse" && kind != "dense") bad(src, "input.kind must be \"sparse\" or \"dense\"");
   s.input = kind == "sparse" ? InputKind::sparse : InputKind::dense;
@@ -169,6 +187,14 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     if (!l.is_object() || !l.contains("type") || !l["type"].is_string())
       bad(src, path + " must be an object with a \"type\"");
     const std::string type = l["type"].get<std::string>();
+    if (type == "linear")
+      only_known(l, {"type", "width", "activation"}, path, src);
+    else if (type == "dropout")
+      only_known(l, {"type", "p"}, path, src);
+    else if (type == "ffi")
+      only_known(l, {"type", "fan_in"}, path, src);
+    else if (type == "layernorm" || type == "dense")
+      only_known(l, {"type"}, path, src);
     LayerSpec ls;
     if (type == "linear") {
       ls.kind = LayerKind::linear;

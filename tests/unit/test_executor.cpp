@@ -15,6 +15,10 @@
 
 using namespace pooch;
 
+// The replaced operator new below takes its memory from malloc, so free is
+// the matching release; GCC 12 cannot see that once it inlines the pair.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
 // Every operator new in this process is counted, so a test can assert that a
 // training step allocates nothing.
 static std::atomic<long> g_news{0};
@@ -189,4 +193,30 @@ TEST(ModelFile, OutOfRangeFanInIndexIsRefused) {
     EXPECT_NE(std::string(e.what()).find("head.index"), std::string::npos) << e.what();
   }
   std::remove(path.c_str());
+}
+
+TEST(ModelSpec, UnknownFieldsAreErrorsNamingThem) {
+  const std::string good =
+      R"({"input": {"kind": "sparse", "width": 10}, "labels": 4,
+          "layers": [{"type": "linear", "width": 8, "activation": "gelu"},
+                     {"type": "ffi", "fan_in": 2}]})";
+  EXPECT_NO_THROW(spec_from_json(good, "m.json"));
+  for (const auto& [text, field] :
+       {std::pair<std::string, std::string>{
+            R"({"input": {"width": 10}, "labels": 4, "los": "bce", "layers": [{"type": "dense"}]})",
+            "los"},
+        {R"({"input": {"width": 10, "knd": "dense"}, "labels": 4, "layers": [{"type": "dense"}]})",
+         "knd"},
+        {R"({"input": {"width": 10}, "labels": 4,
+             "layers": [{"type": "linear", "width": 8, "activaton": "gelu"}, {"type": "dense"}]})",
+         "activaton"}}) {
+    try {
+      spec_from_json(text, "m.json");
+      FAIL() << "accepted " << field;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT);
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("m.json"), std::string::npos) << e.what();
+    }
+  }
 }
