@@ -75,6 +75,20 @@ inline size_t align_up(size_t x, size_t a = 256) {
   return (x + a - 1) / a * a;
 }
 
+// Carves consecutive 256-byte aligned pieces out of a workspace (or, with a
+// null base, only adds up their sizes: the workspace function and the
+// launcher share one layout).
+struct Carve {
+  std::byte* base;
+  size_t used = 0;
+  template <class T>
+  T* take(size_t count) {
+    const size_t off = used;
+    used = align_up(used + count * sizeof(T));
+    return base ? reinterpret_cast<T*>(base + off) : nullptr;
+  }
+};
+
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum over a 1-D block whose size is a multiple of 32, in a fixed tree (so

@@ -127,19 +127,13 @@ struct XentLayout {
 
 XentLayout xent_layout(void* base, int64_t B, int64_t chunks) {
   const auto n = static_cast<size_t>(B * chunks);
-  auto* p = static_cast<std::byte*>(base);
+  Carve c{static_cast<std::byte*>(base)};
   XentLayout L{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    std::byte* at = p ? p + off : nullptr;
-    off = align_up(off + bytes);
-    return at;
-  };
-  L.pmax = reinterpret_cast<float*>(take(n * sizeof(float)));
-  L.psum = reinterpret_cast<double*>(take(n * sizeof(double)));
-  L.ptsum = reinterpret_cast<double*>(take(n * sizeof(double)));
-  L.prow = reinterpret_cast<double*>(take(n * sizeof(double)));
-  L.total = off;
+  L.pmax = c.take<float>(n);
+  L.psum = c.take<double>(n);
+  L.ptsum = c.take<double>(n);
+  L.prow = c.take<double>(n);
+  L.total = c.used;
   return L;
 }
 
@@ -550,19 +544,13 @@ struct XentCsrLayout {
 
 XentCsrLayout xent_csr_layout(void* base, int64_t B, int64_t chunks) {
   const auto n = static_cast<size_t>(B * chunks);
-  auto* p = static_cast<std::byte*>(base);
+  Carve c{static_cast<std::byte*>(base)};
   XentCsrLayout w{};
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    std::byte* at = p ? p + off : nullptr;
-    off = align_up(off + bytes);
-    return at;
-  };
-  w.pmax = reinterpret_cast<float*>(take(n * sizeof(float)));
-  w.pninf = reinterpret_cast<float*>(take(n * sizeof(float)));
-  w.psum = reinterpret_cast<double*>(take(n * sizeof(double)));
-  w.prow = reinterpret_cast<double*>(take(static_cast<size_t>(B) * sizeof(double)));
-  w.total = off;
+  w.pmax = c.take<float>(n);
+  w.pninf = c.take<float>(n);
+  w.psum = c.take<double>(n);
+  w.prow = c.take<double>(static_cast<size_t>(B));
+  w.total = c.used;
   return w;
 }
 

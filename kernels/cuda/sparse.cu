@@ -75,20 +75,6 @@ bool device_query(Query&& q) {
   return true;
 }
 
-// Carves consecutive 256-byte aligned pieces out of a workspace (or, with a
-// null base, only adds up their sizes: the workspace function and the
-// launcher share one layout).
-struct Carve {
-  std::byte* base;
-  size_t used = 0;
-  template <class T>
-  T* take(size_t count) {
-    const size_t off = used;
-    used = align_up(used + count * sizeof(T));
-    return base ? reinterpret_cast<T*>(base + off) : nullptr;
-  }
-};
-
 #define POOCH_GRID_STRIDE(i, n)                                                   \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
