@@ -90,11 +90,19 @@ struct KernelArgs {
   size_t workspace_bytes = 0;
   const KernelContext* ctx = nullptr;
   void* stream = nullptr;  // backend-specific stream handle (CUDA); null on the CPU
+  // The device the kernel is planned for, as its backend describes it (CUDA:
+  // a kern::cuda::LaunchEnv*; null on the CPU). Set before `supports` and
+  // `workspace` are asked, so neither reads process-global state.
+  const void* device = nullptr;
 };
 
 using KernelFn = void (*)(const KernelArgs&);
 // Scratch bytes a kernel needs for these shapes (data pointers may be null).
 using WorkspaceFn = size_t (*)(const KernelArgs&);
+// Whether this kernel computes the op for these arguments (dtypes, ranks,
+// sizes); asked at plan time, never at launch (ggml's supports_op). Data
+// pointers may be null.
+using SupportsFn = bool (*)(const KernelArgs&);
 
 // One implementation of one op on one backend.
 struct KernelVariant {
@@ -103,6 +111,7 @@ struct KernelVariant {
   KernelFn fn;
   WorkspaceFn workspace;  // may be null: no scratch needed
   bool deterministic;     // bitwise reproducible run to run
+  SupportsFn supports = nullptr;  // null: every argument set the op accepts
 };
 
 }  // namespace pooch::kern

@@ -69,6 +69,10 @@ class Backend {
   // would leave the others' copies running into memory the caller reads next.
   void sync_all();
 
+  // What kernels are told about the device when they are planned
+  // (KernelArgs::device): null on the CPU, the CUDA launch environment there.
+  virtual const void* kernel_device() const { return nullptr; }
+
   // This backend's kernels, fastest first within each op.
   virtual std::span<const kern::KernelVariant> kernels() const = 0;
   // The first kernel for `op` (with `variant` if given; deterministic ones if
