@@ -36,6 +36,11 @@ struct OpDef {
   std::function<double(InDescs in, InDescs out, const Attrs& attrs)> flops;
   // Output 0 may take this input's buffer when that input dies at this op.
   int inplace_input = -1;
+  // Whether output 0 is exactly input 0's bytes in the same order for these
+  // operands (a reshape, a transpose that moves only size-1 dimensions): the
+  // planner then aliases the two buffers and launches nothing. Empty: never.
+  // When it returns false the op's kernel (a copy) runs.
+  std::function<bool(InDescs in, const Attrs& attrs)> view;
   // Inputs the op writes into (optimizer updates): these must stay live and
   // are never shared with anything else.
   std::vector<int> mutates;
