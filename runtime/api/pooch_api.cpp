@@ -15,21 +15,51 @@
 #include "../../formats/xmc_data.h"
 #include "../../formats/xmc_text.h"
 #include "../core/error.h"
+#include "../models/build.h"
 #include "../train/model_io.h"
 #include "../train/trainer.h"
 #include "../train/xmc_session.h"
 #include "pooch/pooch.h"
 
 struct pooch_model {
+  // A family with a spec (xmc, mlp) is rebuilt from it for each session, so
+  // that its run shape and head can change; a model file of another family
+  // runs as the file's graph describes it (`file->model`).
+  bool has_spec = true;
   pooch::ModelSpec spec;
   std::string spec_json;  // what pooch_model_spec_json returns
   // Weights (and, for a checkpoint, state) a session starts from.
   std::shared_ptr<pooch::LoadedFile> file;
   bool head_replaced = false;  // the file's head and optimizer state no longer apply
+  // The model a session will run (built on first need, cleared on change).
+  std::shared_ptr<const pooch::Model> built;
+  const pooch::Model& model() {
+    if (!built) built = has_spec ? std::shared_ptr<const pooch::Model>(pooch::build_model(spec))
+                                 : std::shared_ptr<const pooch::Model>(file->model);
+    return *built;
+  }
+  void set_spec(const pooch::ModelSpec& s) {
+    spec = s;
+    spec_json = pooch::spec_to_json(s);
+    built.reset();
+    (void)model();  // a bad spec fails here, not at session creation
+  }
 };
 
 struct pooch_session {
-  std::unique_ptr<pooch::XmcSession> impl;
+  // The XMC adapter for xmc models (it owns the session); the bare session
+  // for every other family.
+  std::unique_ptr<pooch::XmcSession> xmc;
+  std::unique_ptr<pooch::Session> generic;
+  pooch::Session& session() const { return xmc ? xmc->session() : *generic; }
+  pooch::XmcSession& impl(const char* call) const {
+    if (!xmc)
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("{}: the model is of family '{}', not xmc; use "
+                                     "pooch_session_set_input and pooch_session_run",
+                                     call, generic->model().family));
+    return *xmc;
+  }
   pooch_progress_fn progress = nullptr;
   void* progress_user = nullptr;
   pooch::TrainerState state;  // where training stands (restored from a checkpoint)
@@ -89,6 +119,13 @@ pooch_status guarded(F&& f) {
 
 #define POOCH_REQUIRE_ARG(cond, msg) \
   if (!(cond)) return fail(POOCH_ERR_INVALID_ARG, msg)
+
+void require_spec(const pooch_model* m, const char* call) {
+  if (!m->has_spec)
+    throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                       fmt::format("{}: the model (family '{}') has no spec to rebuild it from", call,
+                                   m->built ? m->built->family : std::string()));
+}
 
 pooch::BatchView to_view(const pooch_batch* b) {
   pooch::BatchView v;
@@ -176,13 +213,13 @@ pooch_status pooch_model_create_xmc(const pooch_xmc_params* p, pooch_model** out
                                      : pooch::LossKind::softmax;
     pooch::ModelSpec s = pooch::spec_from_flags(pooch::InputKind::sparse, p->features, p->labels,
                                                 p->hidden, 0, p->fan_in, loss, p->dropout);
-    s.batch = p->batch_size;
-    s.max_nnz = p->max_nnz;
+    s.run.batch = p->batch_size;
+    s.run.max_nnz = p->max_nnz;
     s.seed = p->seed;
-    s.topk = p->topk;
-    // Build once now so that a bad spec fails here, not at session creation.
-    (void)pooch::build_xmc_model(s, pooch::OptimizerConfig{});
-    *out = new pooch_model{s, pooch::spec_to_json(s), nullptr, false};
+    s.run.topk = p->topk;
+    auto m = std::make_unique<pooch_model>();
+    m->set_spec(s);
+    *out = m.release();
   });
 }
 
@@ -234,16 +271,18 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     const bool resume =
         model->file && model->file->checkpoint && !model->head_replaced && p->resume;
     if (resume) c.optimizer = model->file->optimizer;
-    auto built = pooch::build_xmc_model(model->spec, c.optimizer);
     auto s = std::make_unique<pooch_session>();
-    s->impl = std::make_unique<pooch::XmcSession>(
-        std::move(built), c, [](void*, const char* line) { log_line(POOCH_LOG_INFO, line); },
-        nullptr);
+    auto note = [](void*, const char* line) { log_line(POOCH_LOG_INFO, line); };
+    model->model();
+    if (model->built->family == "xmc")
+      s->xmc = std::make_unique<pooch::XmcSession>(model->built, c, note, nullptr);
+    else
+      s->generic = std::make_unique<pooch::Session>(model->built, c, note, nullptr);
     if (model->file) {
       const pooch::PoochFile& f = model->file->file;
-      pooch::restore_tensors(*s->impl, f, resume, model->head_replaced ? "head." : "");
+      pooch::restore_tensors(s->session(), f, resume, model->head_replaced ? "head." : "");
       if (resume) {
-        s->impl->set_step(f.metadata().get_u64(pooch::meta_keys::kStep));
+        s->session().set_optimizer_step(f.metadata().get_u64(pooch::meta_keys::kStep));
         s->state = pooch::get_state(f.metadata());
       }
     }
@@ -262,10 +301,10 @@ void pooch_session_free(pooch_session** session) {
 pooch_status pooch_session_step(pooch_session* s, const pooch_batch* batch, float* loss) {
   POOCH_REQUIRE_ARG(s && batch, "pooch_session_step: session and batch must not be NULL");
   return guarded([&] {
-    const float l = s->impl->step(to_view(batch));
+    const float l = s->impl("pooch_session_step").train_step(to_view(batch));
     if (loss) *loss = l;
     if (s->progress &&
-        !s->progress(s->progress_user, static_cast<int64_t>(s->impl->executor().step()), l))
+        !s->progress(s->progress_user, static_cast<int64_t>(s->session().optimizer_step()), l))
       throw pooch::Error(POOCH_ERR_CANCELLED, "cancelled by the progress callback");
   });
 }
@@ -273,21 +312,22 @@ pooch_status pooch_session_step(pooch_session* s, const pooch_batch* batch, floa
 pooch_status pooch_session_predict(pooch_session* s, const pooch_batch* batch, int k,
                                    int32_t* labels, float* scores) {
   POOCH_REQUIRE_ARG(s && batch, "pooch_session_predict: session and batch must not be NULL");
-  return guarded([&] { s->impl->predict(to_view(batch), k, labels, scores); });
+  return guarded(
+      [&] { s->impl("pooch_session_predict").predict(to_view(batch), k, labels, scores); });
 }
 
 void pooch_session_cancel(pooch_session* s) {
-  if (s) s->impl->cancel();
+  if (s) s->session().cancel();
 }
 
 pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out) {
   POOCH_REQUIRE_ARG(s && out, "pooch_session_memory: session and out must not be NULL");
   return guarded([&] {
-    const pooch::ArenaPlan& plan = s->impl->executor().plan();
+    const pooch::ArenaPlan& plan = s->session().memory_plan();
     out->arena_bytes = plan.peak;
     for (int r = 0; r < pooch::kNumRoles; ++r) out->by_role[r] = plan.bytes_by_role[r];
-    out->budget = s->impl->budget();
-    out->backend = s->impl->backend_name();
+    out->budget = s->session().budget();
+    out->backend = s->session().backend_name();
   });
 }
 
@@ -296,9 +336,9 @@ pooch_status pooch_session_read_tensor(const pooch_session* s, const char* name,
   POOCH_REQUIRE_ARG(s && name && bytes,
                     "pooch_session_read_tensor: session, name and bytes must not be NULL");
   return guarded([&] {
-    const auto id = s->impl->model().graph.find(name);
+    const auto id = s->session().graph().find(name);
     if (!id) throw pooch::Error(POOCH_ERR_INVALID_ARG, fmt::format("no tensor named '{}'", name));
-    const size_t need = s->impl->model().graph.tensor(*id).bytes();
+    const size_t need = s->session().graph().tensor(*id).bytes();
     if (!dst) {
       *bytes = need;
       return;
@@ -307,7 +347,8 @@ pooch_status pooch_session_read_tensor(const pooch_session* s, const char* name,
       throw pooch::Error(
           POOCH_ERR_INVALID_ARG,
           fmt::format("tensor '{}' has {} bytes, the buffer {}", name, need, *bytes));
-    s->impl->executor().read_tensor(*id, dst, need);
+    const std::vector<std::byte> v = s->session().read_tensor(name);
+    std::memcpy(dst, v.data(), need);
   });
 }
 
@@ -378,9 +419,9 @@ pooch_status pooch_model_create_from_spec(const char* json, const char* source, 
   POOCH_REQUIRE_ARG(json && out, "pooch_model_create_from_spec: json and out must not be NULL");
   *out = nullptr;
   return guarded([&] {
-    pooch::ModelSpec s = pooch::spec_from_json(json, source ? source : "model spec");
-    (void)pooch::build_xmc_model(s, pooch::OptimizerConfig{});
-    *out = new pooch_model{s, pooch::spec_to_json(s), nullptr, false};
+    auto m = std::make_unique<pooch_model>();
+    m->set_spec(pooch::spec_from_json(json, source ? source : "model spec"));
+    *out = m.release();
   });
 }
 
@@ -389,8 +430,14 @@ pooch_status pooch_model_load(const char* path, pooch_model** out) {
   *out = nullptr;
   return guarded([&] {
     auto file = std::make_shared<pooch::LoadedFile>(pooch::load_model_file(path));
-    pooch::ModelSpec s = file->spec;
-    *out = new pooch_model{s, pooch::spec_to_json(s), std::move(file), false};
+    auto m = std::make_unique<pooch_model>();
+    m->has_spec = file->has_spec;
+    m->file = file;
+    if (file->has_spec)
+      m->set_spec(file->spec);
+    else
+      m->built = file->model;
+    *out = m.release();
   });
 }
 
@@ -399,12 +446,11 @@ pooch_status pooch_model_replace_head(pooch_model* m, int64_t labels) {
   POOCH_REQUIRE_ARG(
       labels > 0, fmt::format("pooch_model_replace_head: labels must be positive, got {}", labels));
   return guarded([&] {
+    require_spec(m, "pooch_model_replace_head");
     pooch::ModelSpec s = m->spec;
     s.labels = labels;
-    s.topk = std::max(s.topk, 5);
-    (void)pooch::build_xmc_model(s, pooch::OptimizerConfig{});
-    m->spec = s;
-    m->spec_json = pooch::spec_to_json(s);
+    s.run.topk = std::max(s.run.topk, 5);
+    m->set_spec(s);
     m->head_replaced = true;
   });
 }
@@ -415,17 +461,16 @@ pooch_status pooch_model_set_run_shape(pooch_model* m, int64_t batch_size, int64
   POOCH_REQUIRE_ARG(batch_size >= 0 && max_nnz >= 0 && topk >= 0,
                     "pooch_model_set_run_shape: values must not be negative");
   return guarded([&] {
+    require_spec(m, "pooch_model_set_run_shape");
     pooch::ModelSpec s = m->spec;
     if (batch_size) {
-      s.batch = batch_size;
-      s.max_labels = 0;             // re-derived from the batch
-      if (!max_nnz) s.max_nnz = 0;  // likewise
+      s.run.batch = batch_size;
+      s.run.max_labels = 0;             // re-derived from the batch
+      if (!max_nnz) s.run.max_nnz = 0;  // likewise
     }
-    if (max_nnz) s.max_nnz = max_nnz;
-    if (topk) s.topk = topk;
-    pooch::validate_spec(s);
-    m->spec = s;
-    m->spec_json = pooch::spec_to_json(s);
+    if (max_nnz) s.run.max_nnz = max_nnz;
+    if (topk) s.run.topk = topk;
+    m->set_spec(s);
   });
 }
 
@@ -436,11 +481,10 @@ pooch_status pooch_model_set_max_labels(pooch_model* m, int64_t max_labels) {
                                 "got {}",
                                 max_labels));
   return guarded([&] {
+    require_spec(m, "pooch_model_set_max_labels");
     pooch::ModelSpec s = m->spec;
-    s.max_labels = max_labels;
-    pooch::validate_spec(s);
-    m->spec = s;
-    m->spec_json = pooch::spec_to_json(s);
+    s.run.max_labels = max_labels;
+    m->set_spec(s);
   });
 }
 
@@ -508,7 +552,7 @@ pooch_status pooch_file_describe(const char* path, char** json_out) {
 
 pooch_status pooch_session_save(const pooch_session* s, const char* path) {
   POOCH_REQUIRE_ARG(s && path, "pooch_session_save: session and path must not be NULL");
-  return guarded([&] { pooch::save_session(*s->impl, path, false); });
+  return guarded([&] { pooch::save_session(s->session(), path, false); });
 }
 
 pooch_status pooch_dataset_load(const char* path, pooch_dataset** out) {
@@ -632,6 +676,7 @@ pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const poo
     c.psp_b = p->psp_b;
     if (p->checkpoint_path) c.checkpoint_path = p->checkpoint_path;
     pooch::TrainCallbacks cb;
+    pooch::XmcMetricsResult last_eval;
     cb.on_step = [&](uint64_t step, float loss, int64_t epoch, int64_t batch, int64_t batches) {
       if (s->progress && !s->progress(s->progress_user, static_cast<int64_t>(step), loss))
         return false;
@@ -647,13 +692,14 @@ pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const poo
       c_rep.seconds = r.seconds;
       c_rep.learning_rate = r.lr;
       c_rep.evaluated = r.evaluated ? 1 : 0;
-      if (r.evaluated) to_c(r.eval, &c_rep.eval);
+      if (r.evaluated) to_c(last_eval, &c_rep.eval);
       c_rep.improved = r.improved;
       c_rep.reduced_lr = r.reduced_lr;
       c_rep.stopping = r.stopping;
       p->on_epoch(p->user, &c_rep);
     };
-    pooch::train(*s->impl, train->data, test ? &test->data : nullptr, c, s->state, cb);
+    pooch::train_xmc(s->impl("pooch_train"), train->data, test ? &test->data : nullptr, c,
+                     s->state, cb, &last_eval);
   });
 }
 
@@ -665,9 +711,9 @@ pooch_status pooch_evaluate(pooch_session* s, const pooch_dataset* ds, const poo
     if (train) {
       inv = pooch::inverse_propensities(pooch::label_counts(train->data),
                                         std::max<int64_t>(1, train->data.rows()), a, b);
-      inv.resize(static_cast<size_t>(s->impl->model().spec.labels), 1.0);
+      inv.resize(static_cast<size_t>(s->impl("pooch_evaluate").spec().labels), 1.0);
     }
-    to_c(pooch::evaluate(*s->impl, ds->data, train ? &inv : nullptr), out);
+    to_c(pooch::evaluate(s->impl("pooch_evaluate"), ds->data, train ? &inv : nullptr), out);
   });
 }
 

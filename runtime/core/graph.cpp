@@ -140,4 +140,30 @@ std::string Graph::unique_name(std::string_view prefix) const {
   }
 }
 
+Graph Graph::prefix(size_t tensors, size_t nodes) const {
+  if (tensors > tensors_.size() || nodes > nodes_.size())
+    throw Error(POOCH_ERR_BAD_INPUT,
+                fmt::format("a graph prefix of {} tensors and {} nodes is longer than the graph "
+                            "({} and {})",
+                            tensors, nodes, tensors_.size(), nodes_.size()));
+  Graph g;
+  for (size_t t = 0; t < tensors; ++t) g.add_tensor(tensors_[t]);
+  for (size_t i = 0; i < nodes; ++i) {
+    bool inside = true;
+    for (TensorId x : nodes_[i].inputs) inside = inside && static_cast<size_t>(x) < tensors;
+    for (TensorId x : nodes_[i].outputs) inside = inside && static_cast<size_t>(x) < tensors;
+    if (inside) {
+      g.nodes_.push_back(nodes_[i]);
+      continue;
+    }
+    throw Error(POOCH_ERR_BAD_INPUT,
+                fmt::format("node {} ({}) of the graph's first {} reads or writes a tensor past "
+                            "its first {}",
+                            i, nodes_[i].op, nodes, tensors));
+  }
+  for (TensorId o : outputs_)
+    if (static_cast<size_t>(o) < tensors) g.outputs_.push_back(o);
+  return g;
+}
+
 }  // namespace pooch

@@ -92,6 +92,11 @@ class Graph {
   void mark_output(TensorId id);
   const std::vector<TensorId>& outputs() const { return outputs_; }
 
+  // The graph of the first `tensors` tensors and `nodes` nodes (the forward
+  // part of a graph that autodiff and the optimizer extended). Throws Error
+  // when a kept node refers to a dropped tensor.
+  Graph prefix(size_t tensors, size_t nodes) const;
+
   // A fresh name with this prefix that no tensor has yet.
   std::string unique_name(std::string_view prefix) const;
 

@@ -1,85 +1,57 @@
-// Runs a graph on a backend inside one fixed arena.
-//
-// At construction everything is decided: each node's kernel, each tensor's
-// arena offset (from its live interval over the whole node order), the host
-// staging slots of inputs and outputs, and every kernel's arguments. A run
-// then only queues prepared work on the backend's streams: inputs are copied
-// in on the host-to-device stream, kernels run on the compute stream after an
-// event, outputs are copied back on the device-to-host stream. Nothing is
-// allocated during a run.
+// Runs schedules on a backend. The executor takes the arena and the host pool
+// once, binds each schedule's offsets to pointers once (bind), and then a run
+// only walks the schedule's steps, queueing prepared work on the backend's
+// streams. It decides nothing: every choice is the planner's (runtime/plan).
+// Nothing is allocated during a run.
 #pragma once
-#include <memory>
 #include <vector>
 
 #include "../backend/backend.h"
-#include "../core/graph.h"
-#include "../memory/arena_plan.h"
+#include "../plan/schedule.h"
 
 namespace pooch {
 
-struct ExecutorParams {
-  size_t budget = 0;          // device bytes the arena may take; 0: the backend's budget
-  bool deterministic = true;  // only bitwise-reproducible kernels
-  int threads = 1;            // CPU threads per kernel
-  uint64_t seed = 1;          // dropout and other counter-based randomness
-};
-
-// A subset of the graph's nodes, run in graph order.
-struct Program {
-  std::vector<int> nodes;
-  bool is_training = true;  // advances the step counter; dropout active
+// A schedule with its pointers bound; valid while the executor lives.
+struct BoundSchedule {
+  const Schedule* schedule = nullptr;
+  std::vector<kern::KernelArgs> args;  // per launch, pointing into the arena
+  std::vector<EventId> events;         // the backend's event for each schedule event
+  std::vector<size_t> host_offset;     // staging slot per tensor (from the session layout)
 };
 
 class Executor {
  public:
-  Executor(const Graph& g, Backend& backend, const ExecutorParams& p);
+  // Reserves `arena_bytes` of device memory and `host_bytes` of host pool
+  // (Error POOCH_ERR_OUT_OF_BUDGET from the backend when they do not fit).
+  Executor(Backend& backend, size_t arena_bytes, size_t host_bytes);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // The nodes needed to compute `wanted`, plus (if `with_updates`) every node
-  // that writes into its inputs (optimizer updates) and what they need.
-  Program program(const std::vector<TensorId>& wanted, bool with_updates) const;
+  // Binds a schedule planned for an arena of at most arena_bytes(). `ctx` is
+  // the kernel context every launch reads; it must outlive the binding.
+  // `host_offset`: the staging slot of every tensor the schedule copies.
+  BoundSchedule bind(const Schedule& s, const std::vector<size_t>& host_offset,
+                     const kern::KernelContext* ctx);
+  // Queues the schedule's steps and waits for all of them; rethrows the
+  // first error a kernel or copy raised.
+  void run(const BoundSchedule& b, const Graph& g);
 
-  // Host-side staging of an input tensor: write the next batch here before run().
-  void* input_staging(TensorId input);
-  // Host-side copy of an output tensor (Graph::outputs()), valid after run().
-  const void* output_staging(TensorId output) const;
-
-  // Synchronous whole-tensor access (weights at start-up, checkpoints, tests).
-  void write_tensor(TensorId t, const void* src, size_t bytes);
-  void read_tensor(TensorId t, void* dst, size_t bytes) const;
-  // Where the tensor's bytes can be read in place, when the device's memory
+  // Synchronous copies between host memory and an arena offset.
+  void write(size_t offset, const void* src, size_t bytes);
+  void read(size_t offset, void* dst, size_t bytes) const;
+  // The bytes at an arena offset, readable in place when the device's memory
   // is host memory (the CPU backend), after waiting for queued work; null
-  // otherwise (read_tensor copies then).
-  const std::byte* host_view(TensorId t) const;
+  // otherwise.
+  const std::byte* host_view(size_t offset) const;
 
-  void run(const Program& prog);
-
-  const ArenaPlan& plan() const { return plan_; }
-  uint64_t step() const { return ctx_.step; }
-  void set_step(uint64_t s) { ctx_.step = s; }
-  void set_lr_scale(double s) { ctx_.lr_scale = s; }
-  const Graph& graph() const { return graph_; }
+  std::byte* host_pool() const { return backend_.host_pool_base(); }
+  size_t arena_bytes() const { return arena_bytes_; }
   Backend& backend() const { return backend_; }
-  // The kernel variant chosen for each node (for reports).
-  const kern::KernelVariant& kernel_of(int node) const {
-    return *kernels_[static_cast<size_t>(node)];
-  }
 
  private:
-  const Graph& graph_;
   Backend& backend_;
-  ExecutorParams params_;
-  ArenaPlan plan_;
-  kern::KernelContext ctx_;
-  std::vector<size_t> tensor_offset_;  // arena offset per tensor
-  std::vector<const kern::KernelVariant*> kernels_;
-  std::vector<kern::KernelArgs> args_;  // per node, pointing into the arena
-  std::vector<TensorId> inputs_;        // role input
-  std::vector<size_t> staging_offset_;  // host pool offset per tensor (inputs and outputs)
-  EventId inputs_ready_ = -1, compute_done_ = -1;
-  std::byte* device_ptr(TensorId t) const;
+  size_t arena_bytes_ = 0;
 };
 
 }  // namespace pooch

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../core/error.h"
+#include "../models/build.h"
 
 namespace pooch {
 
@@ -53,13 +54,83 @@ OptimizerConfig optimizer_from_json(const std::string& text, const std::string& 
   return o;
 }
 
-void save_session(const XmcSession& s, const std::string& path, bool checkpoint,
+namespace {
+
+std::string io_to_json(const Model& m, const Graph& full) {
+  auto list = [&](const std::vector<IoTensor>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const IoTensor& t : v)
+      a.push_back({{"name", t.name},
+                   {"tensor", full.tensor(t.id).name},
+                   {"batch_dim", t.batch_dim},
+                   {"pad", t.pad},
+                   {"row_mask", t.row_mask}});
+    return a;
+  };
+  nlohmann::json losses = nlohmann::json::array();
+  for (TensorId l : m.losses) losses.push_back(full.tensor(l).name);
+  return nlohmann::json{{"inputs", list(m.inputs)},
+                        {"outputs", list(m.outputs)},
+                        {"losses", losses},
+                        {"forward_tensors", m.graph.num_tensors()},
+                        {"forward_nodes", m.graph.nodes().size()},
+                        {"seed", m.seed},
+                        {"batch", m.batch}}
+      .dump();
+}
+
+// The model a file's graph and "model.io" describe.
+std::shared_ptr<Model> model_from_io(const PoochFile& f, const std::string& text) {
+  const std::string src = f.path() + " (model.io)";
+  auto m = std::make_shared<Model>();
+  try {
+    const auto j = nlohmann::json::parse(text);
+    m->graph = f.graph().prefix(j.at("forward_tensors").get<size_t>(),
+                                j.at("forward_nodes").get<size_t>());
+    auto tensor = [&](const std::string& name) {
+      const auto id = m->graph.find(name);
+      if (!id)
+        throw Error(POOCH_ERR_BAD_INPUT,
+                    fmt::format("{}: names tensor '{}', which the graph's forward part lacks", src,
+                                name));
+      return *id;
+    };
+    auto list = [&](const nlohmann::json& a, std::vector<IoTensor>& out) {
+      for (const auto& e : a)
+        out.push_back({e.at("name").get<std::string>(), tensor(e.at("tensor").get<std::string>()),
+                       e.at("batch_dim").get<int>(), e.at("pad").get<double>(),
+                       e.at("row_mask").get<bool>()});
+    };
+    list(j.at("inputs"), m->inputs);
+    list(j.at("outputs"), m->outputs);
+    for (const auto& l : j.at("losses")) m->losses.push_back(tensor(l.get<std::string>()));
+    m->seed = j.at("seed").get<uint64_t>();
+    m->batch = j.at("batch").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(POOCH_ERR_BAD_INPUT, fmt::format("{}: malformed: {}", src, e.what()));
+  }
+  for (const IoTensor& t : m->inputs)
+    if (m->graph.tensor(t.id).role != Role::input)
+      throw Error(POOCH_ERR_BAD_INPUT,
+                  fmt::format("{}: input '{}' is not an input tensor of the graph", src, t.name));
+  const Metadata& meta = f.metadata();
+  if (meta.has(model_keys::kFamily)) m->family = meta.get_string(model_keys::kFamily);
+  if (meta.has(model_keys::kSpec)) m->spec_json = meta.get_string(model_keys::kSpec);
+  return m;
+}
+
+}  // namespace
+
+void save_session(const Session& s, const std::string& path, bool checkpoint,
                   const Metadata& extra) {
-  const Graph& g = s.model().graph;
+  const Graph& g = s.graph();
+  const Model& model = s.model();
   Metadata meta = extra;
   meta.set_string(meta_keys::kKind, checkpoint ? "checkpoint" : "model");
-  meta.set_string(kMetaModelSpec, spec_to_json(s.model().spec));
-  meta.set_u64(meta_keys::kStep, s.step());
+  if (!model.spec_json.empty()) meta.set_string(model_keys::kSpec, model.spec_json);
+  if (!model.family.empty()) meta.set_string(model_keys::kFamily, model.family);
+  meta.set_string(model_keys::kIo, io_to_json(model, g));
+  meta.set_u64(meta_keys::kStep, s.optimizer_step());
   // On the CPU the arena is host memory: the writer reads the tensors in
   // place. Elsewhere each is copied out first (the file's size in host memory).
   std::vector<std::vector<std::byte>> copies;
@@ -68,9 +139,9 @@ void save_session(const XmcSession& s, const std::string& path, bool checkpoint,
     const auto id = static_cast<TensorId>(t);
     const TensorDesc& d = g.tensor(id);
     if (!carried(d.role, checkpoint)) continue;
-    const void* p = s.executor().host_view(id);
+    const void* p = s.host_view(id);
     if (!p) {
-      copies.push_back(s.read(d.name));
+      copies.push_back(s.read_tensor(d.name));
       p = copies.back().data();
     }
     data.push_back({id, p, d.bytes()});
@@ -80,17 +151,24 @@ void save_session(const XmcSession& s, const std::string& path, bool checkpoint,
 
 LoadedFile load_model_file(const std::string& path) {
   PoochFile f = read_pooch_file(path);
-  const Metadata& m = f.metadata();
-  if (!m.has(kMetaModelSpec))
+  LoadedFile out{std::move(f), nullptr, false, {}, false, {}};
+  const Metadata& meta = out.file.metadata();
+  if (meta.has(model_keys::kSpec)) {
+    out.spec = spec_from_json(meta.get_string(model_keys::kSpec), path + " (model.spec)");
+    out.has_spec = true;
+  }
+  if (meta.has(model_keys::kIo))
+    out.model = model_from_io(out.file, meta.get_string(model_keys::kIo));
+  else if (out.has_spec)
+    out.model = build_model(out.spec);  // written before model.io: an xmc model
+  else
     throw Error(POOCH_ERR_BAD_INPUT,
-                fmt::format("{}: not a pooch model or checkpoint (no '{}' metadata)", path,
-                            kMetaModelSpec));
-  ModelSpec spec = spec_from_json(m.get_string(kMetaModelSpec), path + " (model.spec)");
-  const bool checkpoint = m.has(meta_keys::kKind) && m.get_string(meta_keys::kKind) == "checkpoint";
-  OptimizerConfig opt;
-  if (checkpoint && m.has(meta_keys::kOptimizer))
-    opt = optimizer_from_json(m.get_string(meta_keys::kOptimizer), path);
-  return LoadedFile{std::move(f), std::move(spec), checkpoint, opt};
+                fmt::format("{}: not a pooch model or checkpoint (no '{}' or '{}' metadata)", path,
+                            model_keys::kIo, model_keys::kSpec));
+  out.checkpoint = meta.has(meta_keys::kKind) && meta.get_string(meta_keys::kKind) == "checkpoint";
+  if (out.checkpoint && meta.has(meta_keys::kOptimizer))
+    out.optimizer = optimizer_from_json(meta.get_string(meta_keys::kOptimizer), path);
+  return out;
 }
 
 namespace {
@@ -129,9 +207,9 @@ void check_index_values(const PoochFile& f, const TensorDesc& d, std::span<const
 
 }  // namespace
 
-void restore_tensors(XmcSession& s, const PoochFile& f, bool with_state,
+void restore_tensors(Session& s, const PoochFile& f, bool with_state,
                      std::string_view skip_prefix) {
-  const Graph& g = s.model().graph;
+  const Graph& g = s.graph();
   for (size_t t = 0; t < g.num_tensors(); ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     if (!carried(d.role, with_state)) continue;
@@ -150,7 +228,7 @@ void restore_tensors(XmcSession& s, const PoochFile& f, bool with_state,
     if (d.dtype == DType::u16 || d.dtype == DType::i32)
       if (const int64_t bound = index_bound(g, static_cast<TensorId>(t)); bound >= 0)
         check_index_values(f, d, bytes, bound);
-    s.write(d.name, bytes.data(), bytes.size());
+    s.write_tensor(d.name, bytes.data(), bytes.size());
   }
 }
 

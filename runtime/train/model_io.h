@@ -1,27 +1,44 @@
 // Models and checkpoints as .pooch files (docs/FORMAT.md). A model file holds
-// the spec (metadata "model.spec", JSON), the training graph and the weights;
-// a checkpoint adds the optimizer state tensors, the optimizer settings and
-// the trainer state, so that a resumed run continues bit for bit.
+// the session's graph, the model's inputs, outputs and losses ("model.io"),
+// its family and spec, and the weights; a checkpoint adds the optimizer state
+// tensors, the optimizer settings and the trainer state, so that a resumed
+// run continues bit for bit. A model file loads without the loader knowing its
+// family: the graph is in the file.
 #pragma once
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "../../formats/pooch_file.h"
-#include "model_spec.h"
-#include "optimizer.h"
-#include "xmc_session.h"
+#include "../core/optimizer.h"
+#include "../models/model.h"
+#include "../models/model_spec.h"
+#include "../session/session.h"
 
 namespace pooch {
 
-inline constexpr std::string_view kMetaModelSpec = "model.spec";
+// The metadata keys the model files and the trainer's checkpoints use.
+namespace model_keys {
+inline constexpr std::string_view kSpec = "model.spec";      // the family's spec (JSON)
+inline constexpr std::string_view kFamily = "model.family";  // "xmc", "mlp", ...
+inline constexpr std::string_view kIo = "model.io";          // inputs, outputs, losses (JSON)
+inline constexpr std::string_view kLossSum = "train.loss_sum";
+inline constexpr std::string_view kFinished = "train.finished";
+}  // namespace model_keys
+inline constexpr std::string_view kMetaModelSpec = model_keys::kSpec;
 
 // Writes the session's weights (and with `checkpoint`, its optimizer state)
 // atomically; `extra` metadata (trainer state) is added.
-void save_session(const XmcSession& s, const std::string& path, bool checkpoint,
+void save_session(const Session& s, const std::string& path, bool checkpoint,
                   const Metadata& extra = {});
 
 struct LoadedFile {
   PoochFile file;
+  // The model the file describes: its graph's forward part with the inputs,
+  // outputs and losses it names (files written before "model.io" existed are
+  // rebuilt from their xmc spec).
+  std::shared_ptr<Model> model;
+  bool has_spec = false;  // the family has a spec (xmc, mlp): it can be rebuilt
   ModelSpec spec;
   bool checkpoint = false;
   OptimizerConfig optimizer;  // the checkpoint's settings (defaults for a model file)
@@ -32,9 +49,9 @@ LoadedFile load_model_file(const std::string& path);
 
 // Copies the file's tensors into the session: every weight (and with
 // `with_state`, every optimizer state) of the session must be in the file
-// with the same dtype and shape, except those whose names start with one of
+// with the same dtype and shape, except those whose names start with
 // `skip_prefix` (finetuning a new head), which keep their initial values.
-void restore_tensors(XmcSession& s, const PoochFile& f, bool with_state,
+void restore_tensors(Session& s, const PoochFile& f, bool with_state,
                      std::string_view skip_prefix = {});
 
 std::string optimizer_to_json(const OptimizerConfig& o);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "../core/error.h"
@@ -42,7 +43,7 @@ double lr_scale_at(const TrainConfig& cfg, const TrainerState& st, uint64_t step
   return warm * st.plateau_scale;
 }
 
-void checkpoint(XmcSession& s, const TrainConfig& cfg, const TrainerState& st,
+void checkpoint(Session& s, const TrainConfig& cfg, const TrainerState& st,
                 const OptimizerConfig& opt) {
   if (cfg.checkpoint_path.empty()) return;
   Metadata m;
@@ -57,18 +58,18 @@ void put_state(Metadata& m, const TrainerState& s, const TrainConfig& cfg) {
   m.set_i64(meta_keys::kEpoch, s.epoch);
   m.set_i64(meta_keys::kDataPosition, s.position);
   m.set_u64(meta_keys::kDataSeed, cfg.data_seed);
-  m.set_f64("train.loss_sum", s.loss_sum);
+  m.set_f64(model_keys::kLossSum, s.loss_sum);
   m.set_f64_array(meta_keys::kLrScheduleState,
                   {s.plateau_scale, s.best, static_cast<double>(s.bad_epochs),
                    static_cast<double>(s.plateau_bad)});
-  m.set_bool("train.finished", s.finished);
+  m.set_bool(model_keys::kFinished, s.finished);
 }
 
 TrainerState get_state(const Metadata& m) {
   TrainerState s;
   s.epoch = m.get_i64(meta_keys::kEpoch);
   s.position = m.get_i64(meta_keys::kDataPosition);
-  s.loss_sum = m.get_f64("train.loss_sum");
+  s.loss_sum = m.get_f64(model_keys::kLossSum);
   const auto& lr = m.get_f64_array(meta_keys::kLrScheduleState);
   if (lr.size() != 4)
     throw Error(POOCH_ERR_BAD_INPUT,
@@ -78,7 +79,7 @@ TrainerState get_state(const Metadata& m) {
   s.best = lr[1];
   s.bad_epochs = static_cast<int>(lr[2]);
   s.plateau_bad = static_cast<int>(lr[3]);
-  s.finished = m.get_bool("train.finished");
+  s.finished = m.get_bool(model_keys::kFinished);
   return s;
 }
 
@@ -123,20 +124,21 @@ BatchView BatchBuffer::gather(const XmcDataset& d, const std::vector<int64_t>& o
 }
 
 XmcMetricsResult evaluate(XmcSession& s, const XmcDataset& d, const std::vector<double>* inv_prop) {
-  const ModelSpec& spec = s.model().spec;
+  const ModelSpec& spec = s.spec();
   if (d.labels > spec.labels || (d.has_dense() ? d.dense_dim : d.features) != spec.input_width)
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("the data set has {} features and {} labels; the model takes {} and {}",
                             d.has_dense() ? d.dense_dim : d.features, d.labels, spec.input_width,
                             spec.labels));
-  const int k = std::min(5, spec.topk);
+  const int k = std::min(5, spec.run.topk);
   XmcMetrics metrics(spec.labels, 5, inv_prop);
   std::vector<int64_t> order(static_cast<size_t>(d.rows()));
   std::iota(order.begin(), order.end(), 0);
   BatchBuffer buf;
-  std::vector<int32_t> top(static_cast<size_t>(spec.batch * k));
-  for (int64_t first = 0; first < d.rows(); first += spec.batch) {
-    const int64_t n = std::min(spec.batch, d.rows() - first);
+  const int64_t batch = spec.run.batch;
+  std::vector<int32_t> top(static_cast<size_t>(batch * k));
+  for (int64_t first = 0; first < d.rows(); first += batch) {
+    const int64_t n = std::min(batch, d.rows() - first);
     const BatchView b = buf.gather(d, order, first, n);
     s.predict(b, k, top.data(), nullptr);
     for (int64_t r = 0; r < n; ++r)
@@ -146,9 +148,10 @@ XmcMetricsResult evaluate(XmcSession& s, const XmcDataset& d, const std::vector<
   return metrics.result();
 }
 
-void train(XmcSession& s, const XmcDataset& train_set, const XmcDataset* test_set,
-           const TrainConfig& cfg, TrainerState& st, const TrainCallbacks& cb) {
-  const ModelSpec& spec = s.model().spec;
+void train_xmc(XmcSession& xs, const XmcDataset& train_set, const XmcDataset* test_set,
+           const TrainConfig& cfg, TrainerState& st, const TrainCallbacks& cb,
+               XmcMetricsResult* last_eval) {
+  const ModelSpec& spec = xs.spec();
   const int64_t in_width = train_set.has_dense() ? train_set.dense_dim : train_set.features;
   if (in_width != spec.input_width || train_set.labels > spec.labels)
     throw Error(POOCH_ERR_INVALID_ARG,
@@ -167,25 +170,56 @@ void train(XmcSession& s, const XmcDataset& train_set, const XmcDataset* test_se
   // The spec may have more labels than this set names (finetuning keeps a head).
   inv_prop.resize(test_set ? static_cast<size_t>(spec.labels) : 0, 1.0);
 
-  const int64_t rows = train_set.rows();
-  const int64_t batches = (rows + spec.batch - 1) / spec.batch;
-  BatchBuffer buf;
+  struct Source : BatchSource {
+    XmcSession& xs;
+    const XmcDataset& d;
+    BatchBuffer buf;
+    Source(XmcSession& x, const XmcDataset& data) : xs(x), d(data) {}
+    int64_t rows() const override { return d.rows(); }
+    void load(const std::vector<int64_t>& order, int64_t first, int64_t n) override {
+      xs.stage(buf.gather(d, order, first, n), true);
+    }
+  } source(xs, train_set);
+  EvalFn eval;
+  if (test_set)
+    eval = [&] {
+      const XmcMetricsResult m = evaluate(xs, *test_set, &inv_prop);
+      if (last_eval) *last_eval = m;
+      EvalResult r;
+      r.score = m.precision_at(3);
+      for (int k = 1; k <= 5; ++k) r.metrics.emplace_back(fmt::format("P@{}", k), m.precision_at(k));
+      return r;
+    };
+  train(xs.session(), source, eval, cfg, st, cb);
+}
+
+void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig& cfg,
+           TrainerState& st, const TrainCallbacks& cb) {
+  const Model& model = s.model();
+  if (model.losses.empty() || model.batch <= 0)
+    throw Error(POOCH_ERR_INVALID_ARG, "the model has no loss or no batch dimension to train");
+  const int64_t batch = model.batch;
+  const TensorId loss_id = model.losses[0];
+
+  const int64_t rows = data.rows();
+  const int64_t batches = (rows + batch - 1) / batch;
   for (; st.epoch < cfg.epochs && !st.finished; ++st.epoch, st.position = 0, st.loss_sum = 0) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int64_t> order = epoch_order(rows, cfg.data_seed, st.epoch, cfg.shuffle);
     for (; st.position < batches; ++st.position) {
-      const int64_t first = st.position * spec.batch;
-      const BatchView b = buf.gather(train_set, order, first, std::min(spec.batch, rows - first));
-      s.set_lr_scale(lr_scale_at(cfg, st, s.step()));
+      const int64_t first = st.position * batch;
+      data.load(order, first, std::min(batch, rows - first));
+      s.set_lr_scale(lr_scale_at(cfg, st, s.optimizer_step()));
       float loss;
       try {
-        loss = s.step(b);
+        s.run(ProgramKind::train_step);
+        std::memcpy(&loss, s.staged(loss_id), 4);
       } catch (const Error& e) {
         if (e.code() == POOCH_ERR_CANCELLED) checkpoint(s, cfg, st, s.optimizer());
         throw;
       }
       st.loss_sum += loss;
-      if (cb.on_step && !cb.on_step(s.step(), loss, st.epoch, st.position, batches)) {
+      if (cb.on_step && !cb.on_step(s.optimizer_step(), loss, st.epoch, st.position, batches)) {
         ++st.position;
         checkpoint(s, cfg, st, s.optimizer());
         throw Error(
@@ -199,12 +233,12 @@ void train(XmcSession& s, const XmcDataset& train_set, const XmcDataset* test_se
     EpochReport rep;
     rep.epoch = st.epoch + 1;
     rep.train_loss = batches ? st.loss_sum / static_cast<double>(batches) : 0;
-    rep.lr = s.optimizer().lr * lr_scale_at(cfg, st, s.step());
+    rep.lr = s.optimizer().lr * lr_scale_at(cfg, st, s.optimizer_step());
     double score = -rep.train_loss;
-    if (test_set) {
-      rep.eval = evaluate(s, *test_set, &inv_prop);
+    if (eval) {
+      rep.eval = eval();
       rep.evaluated = true;
-      score = rep.eval.precision_at(3);
+      score = rep.eval.score;
     }
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (score > st.best) {

@@ -1,7 +1,9 @@
-// The training loop: epochs over a shuffled data order, learning-rate
-// warm-up and reduce-on-plateau, evaluation after each epoch, early stopping,
+// The training loop over any session: epochs over a shuffled data order,
+// learning-rate warm-up and reduce-on-plateau, evaluation after each epoch
+// (an evaluation callback: each family has its own metrics), early stopping,
 // and checkpoints from which a run resumes bit for bit (the state below is
-// everything the loop itself carries).
+// everything the loop itself carries). The XMC adapter (train_xmc) wires an
+// XMC data set and P@k into it.
 #pragma once
 #include <functional>
 #include <limits>
@@ -12,6 +14,7 @@
 #include "../../formats/xmc_data.h"
 #include "metrics.h"
 #include "xmc_session.h"
+#include "../session/session.h"
 
 namespace pooch {
 
@@ -42,13 +45,20 @@ struct TrainerState {
 void put_state(Metadata& m, const TrainerState& s, const TrainConfig& cfg);
 TrainerState get_state(const Metadata& m);  // Error POOCH_ERR_BAD_INPUT naming a missing key
 
+// What an evaluation callback returns: the score the trainer maximises
+// (plateau and early stopping) and the figures to report.
+struct EvalResult {
+  double score = 0;
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
 struct EpochReport {
   int64_t epoch = 0;  // 1-based
   double train_loss = 0;
   double seconds = 0;
   double lr = 0;
   bool evaluated = false;
-  XmcMetricsResult eval;
+  EvalResult eval;
   bool improved = false;
   bool reduced_lr = false;
   bool stopping = false;
@@ -61,10 +71,31 @@ struct TrainCallbacks {
   std::function<void(const EpochReport&)> on_epoch;
 };
 
-// Runs (or resumes, from `state`) training. Throws Error(POOCH_ERR_CANCELLED)
-// when a callback or the session was cancelled, after writing the checkpoint.
-void train(XmcSession& s, const XmcDataset& train_set, const XmcDataset* test_set,
-           const TrainConfig& cfg, TrainerState& state, const TrainCallbacks& cb);
+// The rows a session trains on, batch by batch.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual int64_t rows() const = 0;
+  // Sets the session's inputs to rows order[first, first + n).
+  virtual void load(const std::vector<int64_t>& order, int64_t first, int64_t n) = 0;
+};
+
+// Evaluates the session after an epoch.
+using EvalFn = std::function<EvalResult()>;
+
+// Runs (or resumes, from `state`) training: rows per step is the model's
+// batch. Without `eval` the score is the negated training loss. Throws
+// Error(POOCH_ERR_CANCELLED) when a callback or the session was cancelled,
+// after writing the checkpoint.
+void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig& cfg,
+           TrainerState& state, const TrainCallbacks& cb);
+
+// The XMC adapter: trains on an XMC data set, evaluating P@k, nDCG@k and
+// PSP@k on `test_set` (may be null); the score is P@3. `last_eval` (may be
+// null) receives the last evaluation's full metrics.
+void train_xmc(XmcSession& s, const XmcDataset& train_set, const XmcDataset* test_set,
+               const TrainConfig& cfg, TrainerState& state, const TrainCallbacks& cb,
+               XmcMetricsResult* last_eval = nullptr);
 
 // P@k, nDCG@k and (with propensities) PSP@k of the session's predictions.
 XmcMetricsResult evaluate(XmcSession& s, const XmcDataset& d, const std::vector<double>* inv_prop);

@@ -31,8 +31,8 @@
 #include "runtime/backend/backend.h"
 #include "runtime/core/autodiff.h"
 #include "runtime/core/graph.h"
-#include "runtime/exec/executor.h"
-#include "runtime/train/optimizer.h"
+#include "runtime/session/session.h"
+#include "runtime/core/optimizer.h"
 
 using namespace pooch;
 using nlohmann::json;
@@ -184,18 +184,17 @@ TEST_P(Golden, MatchesPyTorch) {
 
   for (TensorId t : {loss, logits, hidden, dW1_rows, dW1, db1, dw2, db2}) g.mark_output(t);
 
-  CpuBackendParams bp;
-  bp.threads = GetParam().threads;
-  auto be = make_cpu_backend(bp);
-  ExecutorParams ep;
-  ep.threads = GetParam().threads;
-  ep.deterministic = GetParam().threads == 1;
-  Executor ex(g, *be, ep);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = GetParam().threads;
+  cfg.deterministic = GetParam().threads == 1;
+  cfg.train = false;  // the graph above carries its own backward pass and updates
+  Session ex(std::make_shared<Model>(model_from_graph(g)), cfg);
 
   // ---- weights, optimizer state, batch ----
   auto write_f32 = [&](TensorId t, const std::vector<float>& v) {
     ASSERT_EQ(static_cast<int64_t>(v.size()), g.tensor(t).numel()) << g.tensor(t).name;
-    ex.write_tensor(t, v.data(), v.size() * 4);
+    ex.write_tensor(g.tensor(t).name, v.data(), v.size() * 4);
   };
   const std::vector<float> W1_0 = floats(j["init"]["W1"]);
   write_f32(W1, W1_0);
@@ -206,33 +205,33 @@ TEST_P(Golden, MatchesPyTorch) {
   ASSERT_EQ(static_cast<int64_t>(index_v.size()), L * K);
   if (GetParam().index_dtype == DType::u16) {
     std::vector<uint16_t> u(index_v.begin(), index_v.end());
-    ex.write_tensor(index, u.data(), u.size() * 2);
+    ex.write_tensor("head.index", u.data(), u.size() * 2);
   } else {
-    ex.write_tensor(index, index_v.data(), index_v.size() * 4);
+    ex.write_tensor("head.index", index_v.data(), index_v.size() * 4);
   }
   for (size_t t = 0; t < g.num_tensors(); ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     if (d.role != Role::optimizer_state) continue;
     std::vector<std::byte> zeros(d.bytes());
-    ex.write_tensor(static_cast<TensorId>(t), zeros.data(), zeros.size());
+    ex.write_tensor(d.name, zeros.data(), zeros.size());
   }
-  auto* ptr_s = static_cast<int32_t*>(ex.input_staging(ptr));
-  auto* idx_s = static_cast<int32_t*>(ex.input_staging(idx));
-  auto* val_s = static_cast<float*>(ex.input_staging(val));
+  auto* ptr_s = static_cast<int32_t*>(ex.input_buffer(g.tensor(ptr).name, -1));
+  auto* idx_s = static_cast<int32_t*>(ex.input_buffer(g.tensor(idx).name, -1));
+  auto* val_s = static_cast<float*>(ex.input_buffer(g.tensor(val).name, -1));
   std::memcpy(ptr_s, ptr_v.data(), ptr_v.size() * 4);
   for (int64_t i = 0; i < N; ++i) {
     // Junk past ptr[B]: a feature the batch leaves untouched, a huge value.
     idx_s[i] = i < nnz ? idx_v[static_cast<size_t>(i)] : 3;
     val_s[i] = i < nnz ? val_v[static_cast<size_t>(i)] : 1000.0f;
   }
-  std::memcpy(ex.input_staging(tgt), tgt_v.data(), tgt_v.size() * 4);
+  std::memcpy(ex.input_buffer(g.tensor(tgt).name, -1), tgt_v.data(), tgt_v.size() * 4);
 
   // ---- one forward and backward pass, no update ----
-  Program grad_prog = ex.program({loss, logits, hidden, dW1_rows, dW1, db1, dw2, db2}, false);
-  grad_prog.is_training = false;  // leaves the step counter at 0
-  ex.run(grad_prog);
-  ASSERT_EQ(ex.step(), 0u);
-  auto out = [&](TensorId t) { return static_cast<const float*>(ex.output_staging(t)); };
+  // Not a training program: leaves the step counter at 0.
+  const int grad_prog = ex.compile({loss, logits, hidden, dW1_rows, dW1, db1, dw2, db2}, false, false);
+  ex.run_compiled(grad_prog);
+  ASSERT_EQ(ex.optimizer_step(), 0u);
+  auto out = [&](TensorId t) { return static_cast<const float*>(ex.staged(t)); };
   expect_close("hidden", out(hidden), floats(j["forward"]["hidden"]));
   expect_close("logits", out(logits), floats(j["forward"]["logits"]));
   expect_close("loss", out(loss), {static_cast<float>(j["forward"]["loss"].get<double>())});
@@ -242,7 +241,7 @@ TEST_P(Golden, MatchesPyTorch) {
 
   // dW1: pooch holds the rows the batch touches, torch the dense [F,H].
   const std::vector<float> dW1_torch = floats(j["grad"]["W1"]);
-  const auto* rows = static_cast<const int32_t*>(ex.output_staging(dW1_rows));
+  const auto* rows = static_cast<const int32_t*>(ex.staged(dW1_rows));
   const std::set<int32_t> batch_features(idx_v.begin(), idx_v.end());
   ASSERT_EQ(rows[0], static_cast<int32_t>(batch_features.size()));
   ASSERT_LE(rows[0], R);
@@ -267,19 +266,20 @@ TEST_P(Golden, MatchesPyTorch) {
   }
 
   // ---- 10 Adam steps on the same batch ----
-  const Program train = ex.program({loss}, true);
-  ASSERT_TRUE(train.is_training);
+  const int train = ex.compile({loss}, true, true);
+  ASSERT_TRUE(ex.schedule_of(train).training);
   const int steps = j["adam"]["steps"];
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
-    ex.run(train);
-    ASSERT_EQ(ex.step(), static_cast<uint64_t>(s + 1)) << "Adam's t should count 1, 2, ...";
+    ex.run_compiled(train);
+    ASSERT_EQ(ex.optimizer_step(), static_cast<uint64_t>(s + 1)) << "Adam's t should count 1, 2, ...";
     losses.push_back(*out(loss));
   }
   expect_close("adam losses", losses.data(), floats(j["adam"]["losses"]));
   auto read_f32 = [&](TensorId t) {
     std::vector<float> v(static_cast<size_t>(g.tensor(t).numel()));
-    ex.read_tensor(t, v.data(), v.size() * 4);
+    const std::vector<std::byte> b = ex.read_tensor(g.tensor(t).name);
+    std::memcpy(v.data(), b.data(), v.size() * 4);
     return v;
   };
   const json& fin = j["adam"]["final"];

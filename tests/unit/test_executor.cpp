@@ -11,6 +11,7 @@
 #include "runtime/core/error.h"
 #include "runtime/exec/executor.h"
 #include "runtime/train/model_io.h"
+#include "runtime/models/xmc.h"
 #include "runtime/train/xmc_session.h"
 
 using namespace pooch;
@@ -49,7 +50,7 @@ BatchView view(const XmcDataset& d, int64_t first, int64_t rows) {
 
 ModelSpec small_spec() {
   ModelSpec s = spec_from_flags(InputKind::sparse, 300, 50, 32, 0, 8, LossKind::bce, 0.1);
-  s.batch = 16;
+  s.run.batch = 16;
   return s;
 }
 
@@ -64,10 +65,10 @@ TEST(Executor, NoAllocationDuringSteps) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
-  XmcSession s(build_xmc_model(small_spec(), {}), cfg);
-  s.step(view(data, 0, 16));  // warm-up: thread pools start lazily
+  XmcSession s(build_xmc_model(small_spec()), cfg);
+  s.train_step(view(data, 0, 16));  // warm-up: thread pools start lazily
   const long before = g_news.load();
-  for (int64_t first = 16; first < 256; first += 16) s.step(view(data, first, 16));
+  for (int64_t first = 16; first < 256; first += 16) s.train_step(view(data, first, 16));
   EXPECT_EQ(g_news.load() - before, 0) << "operator new was called during training steps";
 }
 
@@ -85,9 +86,11 @@ TEST(Executor, ArenaReusesMemoryAndReportsRoles) {
     h = g.add_op1("gelu", {g.add_op1("linear", {h, w})});
   }
   g.mark_output(h);
-  auto be = make_cpu_backend({});
-  Executor ex(g, *be, {});
-  const ArenaPlan& plan = ex.plan();
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.train = false;
+  Session ses(std::make_shared<Model>(model_from_graph(std::move(g))), cfg);
+  const ArenaPlan& plan = ses.memory_plan();
   const size_t act = 64 * 256 * 4;
   EXPECT_LE(plan.peak, weights + 3 * act) << plan.report();
   EXPECT_GE(plan.peak, weights + 2 * act) << plan.report();
@@ -101,21 +104,21 @@ TEST(Executor, BudgetBelowThePlanIsAnErrorNamingTheMinimum) {
   {
     SessionConfig cfg;
     cfg.device = DeviceKind::cpu;
-    XmcSession s(build_xmc_model(small_spec(), {}), cfg);
-    need = s.executor().plan().peak;
+    XmcSession s(build_xmc_model(small_spec()), cfg);
+    need = s.session().memory_plan().peak;
   }
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.device_memory = need - 1;
   try {
-    XmcSession s(build_xmc_model(small_spec(), {}), cfg);
+    XmcSession s(build_xmc_model(small_spec()), cfg);
     FAIL() << "expected an out-of-budget error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
     EXPECT_NE(std::string(e.what()).find(std::to_string(need)), std::string::npos) << e.what();
   }
   cfg.device_memory = need;
-  EXPECT_NO_THROW(XmcSession(build_xmc_model(small_spec(), {}), cfg));
+  EXPECT_NO_THROW(XmcSession(build_xmc_model(small_spec()), cfg));
 }
 
 // The whole chain (graph, autodiff, arena, kernels, executor) against finite
@@ -137,29 +140,31 @@ TEST(Executor, WholeModelGradientMatchesFiniteDifferences) {
   ASSERT_EQ(grads.size(), 2u);
   g.mark_output(grads[0].grad);
 
-  auto be = make_cpu_backend({});
-  Executor ex(g, *be, {});
-  const Program fwd = ex.program({loss}, false);
-  const Program all = ex.program({loss, grads[0].grad}, false);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.train = false;
+  Session ex(std::make_shared<Model>(model_from_graph(g)), cfg);
+  const int fwd = ex.compile({loss}, false, false);
+  const int all = ex.compile({loss, grads[0].grad}, false, false);
   std::vector<float> xv(12), tv(15), wv(24), w2v(30);
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(1.0f + i);
   for (size_t i = 0; i < tv.size(); ++i) tv[i] = (i % 3 == 0) ? 1.0f : 0.0f;
   for (size_t i = 0; i < wv.size(); ++i) wv[i] = 0.5f * std::cos(2.0f + i);
   for (size_t i = 0; i < w2v.size(); ++i) w2v[i] = 0.3f * std::sin(3.0f * i);
-  std::memcpy(ex.input_staging(x), xv.data(), 48);
-  std::memcpy(ex.input_staging(t), tv.data(), 60);
-  ex.write_tensor(w2, w2v.data(), 120);
+  std::memcpy(ex.input_buffer("x", -1), xv.data(), 48);
+  std::memcpy(ex.input_buffer("t", -1), tv.data(), 60);
+  ex.write_tensor("w2", w2v.data(), 120);
   auto loss_at = [&](const std::vector<float>& wvals) {
-    ex.write_tensor(w, wvals.data(), 96);
-    ex.run(fwd);
+    ex.write_tensor("w", wvals.data(), 96);
+    ex.run_compiled(fwd);
     float l;
-    std::memcpy(&l, ex.output_staging(loss), 4);
+    std::memcpy(&l, ex.staged(loss), 4);
     return static_cast<double>(l);
   };
-  ex.write_tensor(w, wv.data(), 96);
-  ex.run(all);
+  ex.write_tensor("w", wv.data(), 96);
+  ex.run_compiled(all);
   std::vector<float> analytic(24);
-  std::memcpy(analytic.data(), ex.output_staging(grads[0].grad), 96);
+  std::memcpy(analytic.data(), ex.staged(grads[0].grad), 96);
   const float h_step = 1e-2f;
   for (size_t i = 0; i < wv.size(); ++i) {
     auto plus = wv, minus = wv;
@@ -176,17 +181,17 @@ TEST(Executor, WholeModelGradientMatchesFiniteDifferences) {
 TEST(ModelFile, OutOfRangeFanInIndexIsRefused) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
-  XmcSession s(build_xmc_model(small_spec(), {}), cfg);
+  XmcSession s(build_xmc_model(small_spec()), cfg);
   std::vector<std::byte> index = s.read("head.index");
   const uint16_t bad = 32;  // hidden width is 32: valid ids are 0..31
   std::memcpy(index.data() + 10, &bad, 2);
   s.write("head.index", index.data(), index.size());
   const std::string path = ::testing::TempDir() + "bad_index.pooch";
-  save_session(s, path, false);
+  save_session(s.session(), path, false);
   LoadedFile f = load_model_file(path);
-  XmcSession fresh(build_xmc_model(f.spec, {}), cfg);
+  XmcSession fresh(build_xmc_model(f.spec), cfg);
   try {
-    restore_tensors(fresh, f.file, false);
+    restore_tensors(fresh.session(), f.file, false);
     FAIL() << "expected the index to be refused";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT);

@@ -6,6 +6,7 @@
 
 #include "formats/xmc_data.h"
 #include "runtime/train/trainer.h"
+#include "runtime/models/xmc.h"
 #include "runtime/train/xmc_session.h"
 
 using namespace pooch;
@@ -25,25 +26,25 @@ TrainResult train(int threads, int epochs = 4) {
   const XmcDataset d = make_planted(pp);
   ModelSpec spec =
       spec_from_flags(InputKind::sparse, pp.features, pp.labels, 64, 0, 16, LossKind::bce, 0.0);
-  spec.batch = 32;
+  spec.run.batch = 32;
   OptimizerConfig opt;
   opt.lr = 1e-2;
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = threads;
   cfg.optimizer = opt;
-  XmcSession s(build_xmc_model(spec, opt), cfg);
+  XmcSession s(build_xmc_model(spec), cfg);
   TrainResult r;
   for (int e = 0; e < epochs; ++e)
-    for (int64_t first = 0; first < d.rows(); first += spec.batch) {
+    for (int64_t first = 0; first < d.rows(); first += spec.run.batch) {
       BatchView b;
-      b.rows = std::min<int64_t>(spec.batch, d.rows() - first);
+      b.rows = std::min<int64_t>(spec.run.batch, d.rows() - first);
       b.row_ptr = d.row_ptr.data() + first;
       b.col = d.col.data();
       b.val = d.val.data();
       b.label_ptr = d.label_ptr.data() + first;
       b.label = d.label.data();
-      r.losses.push_back(s.step(b));
+      r.losses.push_back(s.train_step(b));
     }
   for (const char* w : {"fc0.weight", "fc0.bias", "head.weight", "head.bias", "head.index"})
     r.weights.push_back(s.read(w));
@@ -113,14 +114,14 @@ TEST(TrainEndToEnd, DenseInputModelLearnsThroughTheTrainer) {
                  {LayerKind::linear, 128, "relu", 0, 0},
                  {LayerKind::layernorm, 0, "none", 0, 0},
                  {LayerKind::ffi_head, 0, "none", 0, 16}};
-  spec.batch = 50;
+  spec.run.batch = 50;
   OptimizerConfig opt;
   opt.lr = 1e-2;
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
   cfg.optimizer = opt;
-  XmcSession s(build_xmc_model(spec, opt), cfg);
+  XmcSession s(build_xmc_model(spec), cfg);
   const XmcMetricsResult before = evaluate(s, test_set, nullptr);
   TrainConfig tc;
   tc.epochs = 8;
@@ -129,7 +130,7 @@ TEST(TrainEndToEnd, DenseInputModelLearnsThroughTheTrainer) {
   std::vector<double> losses;
   TrainCallbacks cb;
   cb.on_epoch = [&](const EpochReport& r) { losses.push_back(r.train_loss); };
-  train(s, train_set, &test_set, tc, st, cb);
+  train_xmc(s, train_set, &test_set, tc, st, cb);
   const XmcMetricsResult after = evaluate(s, test_set, nullptr);
   ASSERT_EQ(losses.size(), 8u);
   EXPECT_LT(losses.back(), 0.5 * losses.front());

@@ -10,6 +10,10 @@
 //    "loss": "squared-hinge"}
 // The last layer is the output layer: "ffi" (fixed fan-in) or "dense", both
 // `labels` wide.
+//
+// The same form describes the "mlp" family (dense regression or
+// classification): {"family": "mlp", "input": {"kind": "dense", "width": 8},
+// "outputs": 3, "layers": [..., {"type": "dense"}], "loss": "mse" | "softmax"}.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,7 +22,8 @@
 namespace pooch {
 
 enum class InputKind { sparse, dense };
-enum class LossKind { bce, squared_hinge, softmax };
+enum class LossKind { bce, squared_hinge, softmax, mse };
+enum class Family { xmc, mlp };
 enum class LayerKind { linear, dropout, layernorm, ffi_head, dense_head };
 
 struct LayerSpec {
@@ -29,19 +34,24 @@ struct LayerSpec {
   int64_t fan_in = 0;               // ffi head
 };
 
+// How a model runs, apart from its architecture: rows per step, the
+// nonzeros a sparse batch may hold (0: batch * 64), the positive labels a
+// batch may hold (0: batch * 32), the most labels predict returns.
+struct RunShape {
+  int64_t batch = 64;
+  int64_t max_nnz = 0;
+  int64_t max_labels = 0;
+  int topk = 5;
+};
+
 struct ModelSpec {
+  Family family = Family::xmc;
   InputKind input = InputKind::sparse;
   int64_t input_width = 0;
   int64_t labels = 0;
   std::vector<LayerSpec> layers;
   LossKind loss = LossKind::bce;
-  // How the model runs (not its architecture): rows per step, the nonzeros a
-  // sparse batch may hold (0: batch * 64), the positive labels a batch may
-  // hold (0: batch * 32), the most labels predict returns.
-  int64_t batch = 64;
-  int64_t max_nnz = 0;
-  int64_t max_labels = 0;
-  int topk = 5;
+  RunShape run;
   uint64_t seed = 1;
 };
 
@@ -59,6 +69,7 @@ std::string spec_to_json(const ModelSpec& s);
 void validate_spec(const ModelSpec& s);
 
 const char* loss_name(LossKind k);
-LossKind parse_loss(const std::string& name);  // "bce", "squared-hinge", "softmax"
+LossKind parse_loss(const std::string& name);  // "bce", "squared-hinge", "softmax", "mse"
+const char* family_name(Family f);
 
 }  // namespace pooch

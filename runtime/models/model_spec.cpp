@@ -63,16 +63,23 @@ const char* loss_name(LossKind k) {
       return "squared-hinge";
     case LossKind::softmax:
       return "softmax";
+    case LossKind::mse:
+      return "mse";
   }
   return "?";
+}
+
+const char* family_name(Family f) {
+  return f == Family::mlp ? "mlp" : "xmc";
 }
 
 LossKind parse_loss(const std::string& name) {
   if (name == "bce") return LossKind::bce;
   if (name == "squared-hinge" || name == "squared_hinge") return LossKind::squared_hinge;
   if (name == "softmax") return LossKind::softmax;
+  if (name == "mse") return LossKind::mse;
   throw Error(POOCH_ERR_INVALID_ARG,
-              fmt::format("unknown loss '{}': use bce, squared-hinge or softmax", name));
+              fmt::format("unknown loss '{}': use bce, squared-hinge, softmax or mse", name));
 }
 
 ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, int64_t hidden,
@@ -100,11 +107,20 @@ void validate_spec(const ModelSpec& s) {
   req(s.labels > 0, fmt::format("labels must be positive, got {}", s.labels));
   req(s.input_width <= INT32_MAX && s.labels <= INT32_MAX,
       "the input width and the label count must fit in 32-bit indices");
-  req(s.batch > 0, fmt::format("the batch size must be positive, got {}", s.batch));
-  req(s.max_nnz >= 0, "max_nnz must not be negative");
-  req(s.max_labels >= 0, "max_labels must not be negative");
-  req(s.topk >= 1, fmt::format("top-k must be at least 1, got {}", s.topk));
+  req(s.run.batch > 0, fmt::format("the batch size must be positive, got {}", s.run.batch));
+  req(s.run.max_nnz >= 0, "max_nnz must not be negative");
+  req(s.run.max_labels >= 0, "max_labels must not be negative");
+  req(s.run.topk >= 1, fmt::format("top-k must be at least 1, got {}", s.run.topk));
   req(!s.layers.empty(), "the model needs at least an output layer");
+  if (s.family == Family::mlp) {
+    req(s.input == InputKind::dense, "an mlp model takes dense input");
+    req(s.loss == LossKind::mse || s.loss == LossKind::softmax,
+        fmt::format("an mlp model's loss must be mse or softmax, got '{}'", loss_name(s.loss)));
+    req(s.layers.back().kind == LayerKind::dense_head,
+        "an mlp model's last layer must be a dense output layer");
+  } else {
+    req(s.loss != LossKind::mse, "the mse loss is for mlp models (\"family\": \"mlp\")");
+  }
   int64_t width = s.input_width;
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const LayerSpec& l = s.layers[i];
@@ -154,16 +170,27 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (!j.is_object()) bad(src, "the model spec must be a JSON object");
   ModelSpec s;
   if (!j.contains("input") || !j["input"].is_object()) bad(src, "\"input\" must be an object");
-  only_known(
-      j, {"input", "labels", "layers", "loss", "batch", "max_nnz", "max_labels", "topk", "seed"},
-      "the spec", src);
+  if (j.contains("family")) {
+    if (!j["family"].is_string()) bad(src, "family must be a string");
+    const std::string f = j["family"].get<std::string>();
+    if (f == "mlp")
+      s.family = Family::mlp;
+    else if (f != "xmc")
+      bad(src, fmt::format("family '{}' is not one of xmc, mlp", f));
+  }
+  const char* width_key = s.family == Family::mlp ? "outputs" : "labels";
+  only_known(j,
+             {"family", "input", width_key, "layers", "loss", "batch", "max_nnz", "max_labels",
+              "topk", "seed"},
+             "the spec", src);
+  if (s.family == Family::mlp) s.input = InputKind::dense;
   const json& in = j["input"];
   only_known(in, {"kind", "width"}, "input", src);
-  const std::string kind = in.value("kind", "sparse");
+  const std::string kind = in.value("kind", s.family == Family::mlp ? "dense" : "sparse");
   if (kind != "sparse" && kind != "dense") bad(src, "input.kind must be \"sparse\" or \"dense\"");
   s.input = kind == "sparse" ? InputKind::sparse : InputKind::dense;
   s.input_width = get_int(in, "width", "input", src);
-  s.labels = get_int(j, "labels", "spec", src);
+  s.labels = get_int(j, width_key, "spec", src);
   if (j.contains("loss")) {
     if (!j["loss"].is_string()) bad(src, "loss must be a string");
     try {
@@ -175,10 +202,10 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   for (const char* key : {"batch", "max_nnz", "max_labels", "topk", "seed"})
     if (j.contains(key) && !j[key].is_number_integer())
       bad(src, fmt::format("{} must be an integer", key));
-  s.batch = j.value("batch", s.batch);
-  s.max_nnz = j.value("max_nnz", s.max_nnz);
-  s.max_labels = j.value("max_labels", s.max_labels);
-  s.topk = j.value("topk", s.topk);
+  s.run.batch = j.value("batch", s.run.batch);
+  s.run.max_nnz = j.value("max_nnz", s.run.max_nnz);
+  s.run.max_labels = j.value("max_labels", s.run.max_labels);
+  s.run.topk = j.value("topk", s.run.topk);
   s.seed = j.value("seed", s.seed);
   if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
   for (size_t i = 0; i < j["layers"].size(); ++i) {
@@ -230,14 +257,15 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
 
 std::string spec_to_json(const ModelSpec& s) {
   json j;
+  if (s.family != Family::xmc) j["family"] = family_name(s.family);
   j["input"] = {{"kind", s.input == InputKind::sparse ? "sparse" : "dense"},
                 {"width", s.input_width}};
-  j["labels"] = s.labels;
+  j[s.family == Family::mlp ? "outputs" : "labels"] = s.labels;
   j["loss"] = loss_name(s.loss);
-  j["batch"] = s.batch;
-  j["max_nnz"] = s.max_nnz;
-  j["max_labels"] = s.max_labels;
-  j["topk"] = s.topk;
+  j["batch"] = s.run.batch;
+  j["max_nnz"] = s.run.max_nnz;
+  j["max_labels"] = s.run.max_labels;
+  j["topk"] = s.run.topk;
   j["seed"] = s.seed;
   json layers = json::array();
   for (const LayerSpec& l : s.layers) {

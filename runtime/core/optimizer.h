@@ -2,8 +2,8 @@
 #pragma once
 #include <vector>
 
-#include "../core/autodiff.h"
-#include "../core/graph.h"
+#include "autodiff.h"
+#include "graph.h"
 
 namespace pooch {
 

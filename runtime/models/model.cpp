@@ -1,0 +1,95 @@
+#include "model.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+#include "../../kernels/common/philox.h"
+
+namespace pooch {
+
+const IoTensor* Model::find_input(std::string_view name) const {
+  for (const IoTensor& t : inputs)
+    if (same_name(t.name, name)) return &t;
+  return nullptr;
+}
+
+const IoTensor* Model::find_output(std::string_view name) const {
+  for (const IoTensor& t : outputs)
+    if (same_name(t.name, name)) return &t;
+  return nullptr;
+}
+
+bool same_name(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](unsigned char x, unsigned char y) {
+           return std::tolower(x) == std::tolower(y);
+         });
+}
+
+Model model_from_graph(Graph g, uint64_t seed) {
+  Model m;
+  m.seed = seed;
+  for (size_t t = 0; t < g.num_tensors(); ++t) {
+    const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
+    if (d.role == Role::input) m.inputs.push_back({d.name, static_cast<TensorId>(t)});
+  }
+  for (TensorId o : g.outputs()) m.outputs.push_back({g.tensor(o).name, o});
+  m.graph = std::move(g);
+  return m;
+}
+
+std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, uint64_t seed) {
+  std::vector<std::byte> out(d.bytes());
+  const auto n = static_cast<size_t>(d.numel());
+  const uint32_t key = w.stream;
+  switch (w.kind) {
+    case WeightInit::Kind::zeros:
+      break;
+    case WeightInit::Kind::constant: {
+      const float v = static_cast<float>(w.a);
+      for (size_t i = 0; i < n; ++i) std::memcpy(out.data() + i * 4, &v, 4);
+      break;
+    }
+    case WeightInit::Kind::uniform: {
+      for (size_t i = 0; i < n; ++i) {
+        const float u = kern::philox_uniform(seed, 0, key, i);
+        const float v = static_cast<float>((2.0 * u - 1.0) * w.a);
+        std::memcpy(out.data() + i * 4, &v, 4);
+      }
+      break;
+    }
+    case WeightInit::Kind::fan_in_index: {
+      // K distinct inputs per row, by Floyd's sampling: O(K^2) per row
+      // whatever H is (a shuffle of [0, H) per row would cost L*H).
+      const int64_t rows = d.shape[0], K = d.shape[1], H = static_cast<int64_t>(w.a);
+      std::vector<int32_t> pick(static_cast<size_t>(K));
+      uint64_t counter = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t n = 0;
+        for (int64_t j = H - K; j < H; ++j) {
+          const float u = kern::philox_uniform(seed, 0, key, counter++);
+          auto t =
+              static_cast<int32_t>(std::min<int64_t>(j, static_cast<int64_t>(u * double(j + 1))));
+          if (std::find(pick.begin(), pick.begin() + n, t) != pick.begin() + n)
+            t = static_cast<int32_t>(j);
+          pick[static_cast<size_t>(n++)] = t;
+        }
+        std::sort(pick.begin(), pick.end());  // ascending: friendlier gathers
+        for (int64_t k = 0; k < K; ++k) {
+          const size_t at = static_cast<size_t>(r * K + k);
+          if (d.dtype == DType::u16) {
+            const auto v = static_cast<uint16_t>(pick[static_cast<size_t>(k)]);
+            std::memcpy(out.data() + at * 2, &v, 2);
+          } else {
+            std::memcpy(out.data() + at * 4, &pick[static_cast<size_t>(k)], 4);
+          }
+        }
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace pooch

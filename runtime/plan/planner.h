@@ -1,0 +1,62 @@
+// Turns (graph, program, backend, layout) into a Schedule. The planner makes
+// every decision the executor used to make in its constructor: which kernel
+// variant runs each node (asking each variant whether it supports the
+// operands), where each buffer lives (plan_arena over exact live intervals,
+// in place where an op allows, views aliased), which inputs are copied in and
+// which outputs are copied back, and the events between streams.
+#pragma once
+#include <vector>
+
+#include "../backend/backend.h"
+#include "../core/graph.h"
+#include "../memory/arena_plan.h"
+#include "schedule.h"
+
+namespace pooch {
+
+// Where the tensors that outlive a program live: weights and optimizer state
+// at the bottom of the arena (the persistent region, the same for every
+// program), and a host staging slot for every input and output.
+struct SessionLayout {
+  ArenaPlan persistent;               // its peak is the persistent region's size
+  std::vector<size_t> device_offset;  // per tensor: its persistent offset, or kUnplaced
+  ArenaPlan host;                     // the host pool
+  std::vector<size_t> host_offset;    // per tensor: its staging slot, or kUnplaced
+  size_t alignment = 256;
+};
+
+// `staged`: the tensors that get a host slot (inputs and readable outputs).
+SessionLayout plan_session_layout(const Graph& g, const std::vector<TensorId>& staged,
+                                  size_t alignment);
+
+// The nodes needed to compute `wanted`, plus (with `with_updates`) every
+// node that writes into its inputs (optimizer updates) and what they need; in
+// graph order.
+std::vector<int> select_nodes(const Graph& g, const std::vector<TensorId>& wanted,
+                              bool with_updates);
+
+struct ProgramRequest {
+  std::vector<int> nodes;         // in execution order
+  std::vector<TensorId> outputs;  // copied back to their host slots after the last launch
+  bool training = false;
+};
+
+struct PlanOptions {
+  bool deterministic = true;  // only bitwise-reproducible kernels; none for an op is an error
+};
+
+// The first kernel variant of the backend for this op that supports `args`
+// (and is deterministic when asked). Throws Error(POOCH_ERR_UNSUPPORTED)
+// naming the op, the operand shapes and the backend when there is none.
+const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
+                                         const kern::KernelArgs& args, bool deterministic);
+
+// Throws Error(POOCH_ERR_INVALID_ARG) when an output is not produced by the
+// program or staged, and the errors of choose_kernel.
+Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend& backend,
+                       const SessionLayout& layout, const PlanOptions& opt);
+
+// Whether node `i` runs as a view (its output aliases its input; no launch).
+bool runs_as_view(const Graph& g, const Node& n);
+
+}  // namespace pooch

@@ -1,0 +1,35 @@
+#include "schedule.h"
+
+#include <fmt/format.h>
+
+namespace pooch {
+
+std::string Schedule::describe(const Graph& g) const {
+  std::string out;
+  for (const ScheduleStep& st : steps) {
+    const char* stream = st.stream == Stream::compute ? "compute" : st.stream == Stream::h2d ? "h2d" : "d2h";
+    switch (st.kind) {
+      case StepKind::launch: {
+        const Launch& l = launches[static_cast<size_t>(st.index)];
+        out += fmt::format("{:8} launch {} ({}, node {})\n", stream, l.kernel->op, l.kernel->variant,
+                           l.node);
+        break;
+      }
+      case StepKind::copy_in:
+        out += fmt::format("{:8} copy in  {}\n", stream, g.tensor(st.index).name);
+        break;
+      case StepKind::copy_out:
+        out += fmt::format("{:8} copy out {}\n", stream, g.tensor(st.index).name);
+        break;
+      case StepKind::record:
+        out += fmt::format("{:8} record event {}\n", stream, st.index);
+        break;
+      case StepKind::wait:
+        out += fmt::format("{:8} wait for event {}\n", stream, st.index);
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace pooch

@@ -1,0 +1,67 @@
+// A Schedule: everything one program (a train step, a forward pass...) does,
+// decided at plan time, in order. The executor binds its offsets to the
+// backend's memory once and then only walks these steps.
+//
+// A launch carries its own kernel arguments, so one node may be launched
+// several times with different operands (recompute will need that); copies
+// move a tensor between its device offset and its host staging slot; events
+// order the streams.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../backend/backend.h"
+#include "../core/graph.h"
+#include "../memory/arena_plan.h"
+
+namespace pooch {
+
+inline constexpr size_t kUnplaced = SIZE_MAX;
+
+enum class StepKind : uint8_t { launch, copy_in, copy_out, record, wait };
+
+struct ScheduleStep {
+  StepKind kind = StepKind::launch;
+  Stream stream = Stream::compute;
+  // launch: index into Schedule::launches; copy_in/copy_out: the tensor;
+  // record/wait: the schedule's event number (0 .. events-1).
+  int32_t index = 0;
+};
+
+struct Launch {
+  int node = -1;  // the graph node this computes (for reports and profiles)
+  const kern::KernelVariant* kernel = nullptr;
+  // Shapes, attributes and workspace size; data pointers are left null here
+  // and bound by the executor from the offsets below.
+  kern::KernelArgs args;
+  size_t in_offset[kern::kMaxOperands] = {};   // arena offsets of the operands
+  size_t out_offset[kern::kMaxOperands] = {};
+  size_t workspace_offset = kUnplaced;         // kUnplaced: no workspace
+};
+
+struct Schedule {
+  std::vector<Launch> launches;
+  std::vector<ScheduleStep> steps;
+  int events = 0;
+  bool training = false;  // advances the optimizer step; dropout active
+  // Inputs the program reads and outputs it writes: the only tensors copied.
+  std::vector<TensorId> copied_in, copied_out;
+  // Arena offset of every tensor the program touches (kUnplaced elsewhere).
+  std::vector<size_t> tensor_offset;
+  // The program's own buffers (activations, gradients, inputs, workspaces),
+  // planned above the session's persistent region.
+  ArenaPlan transient;
+  size_t arena_bytes = 0;  // persistent region + transient peak
+
+  int add_event() { return events++; }
+  int add_launch(Launch l) {
+    launches.push_back(l);
+    steps.push_back({StepKind::launch, Stream::compute, static_cast<int32_t>(launches.size() - 1)});
+    return static_cast<int>(launches.size() - 1);
+  }
+  // One line per step, for `pooch-run info` and tests.
+  std::string describe(const Graph& g) const;
+};
+
+}  // namespace pooch

@@ -1,0 +1,302 @@
+#include "session.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "../core/autodiff.h"
+#include "../core/error.h"
+
+namespace pooch {
+
+const char* program_name(ProgramKind p) {
+  switch (p) {
+    case ProgramKind::train_step:
+      return "train step";
+    case ProgramKind::forward:
+      return "forward";
+    case ProgramKind::evaluate:
+      return "evaluate";
+  }
+  return "?";
+}
+
+namespace {
+
+bool persistent(Role r) {
+  return r == Role::weight || r == Role::optimizer_state;
+}
+
+// Fills `n` elements of a buffer of `dt` with `v`.
+void fill(void* dst, DType dt, size_t n, double v) {
+  if (v == 0) {
+    std::memset(dst, 0, n * dtype_size(dt));
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) switch (dt) {
+      case DType::f32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
+      case DType::f64: static_cast<double*>(dst)[i] = v; break;
+      case DType::i32: static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v); break;
+      case DType::u16: static_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(v); break;
+      default: std::memset(static_cast<std::byte*>(dst) + i * dtype_size(dt), 0, dtype_size(dt));
+    }
+}
+
+}  // namespace
+
+Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, BackendNote note,
+                 void* note_user)
+    : model_(std::move(model)), cfg_(cfg), graph_(model_->graph) {
+  const Model& m = *model_;
+  if (cfg.train && !m.losses.empty()) {
+    if (m.losses.size() > 1)
+      throw Error(POOCH_ERR_UNSUPPORTED,
+                  fmt::format("the model has {} losses; a session trains one", m.losses.size()));
+    append_optimizer(graph_, build_backward(graph_, m.losses[0]), cfg.optimizer);
+  }
+  const int threads = cfg.threads > 0
+                          ? cfg.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  backend_ = make_backend(cfg.device, {cfg.device_memory, threads}, note, note_user);
+
+  std::vector<TensorId> staged;
+  for (const IoTensor& t : m.inputs) staged.push_back(t.id);
+  for (const IoTensor& t : m.outputs) staged.push_back(t.id);
+  for (TensorId t : graph_.outputs()) staged.push_back(t);
+  layout_ = plan_session_layout(graph_, staged, backend_->caps().alignment);
+
+  ctx_ = std::make_unique<kern::KernelContext>();
+  ctx_->seed = m.seed;
+  ctx_->threads = threads;
+
+  // The standard programs, each planned on its own over the persistent region.
+  std::vector<TensorId> losses = m.losses, results, all;
+  for (const IoTensor& t : m.outputs) {
+    all.push_back(t.id);
+    if (std::find(losses.begin(), losses.end(), t.id) == losses.end()) results.push_back(t.id);
+  }
+  const PlanOptions po{cfg.deterministic};
+  auto plan = [&](ProgramKind kind, const std::vector<TensorId>& wanted, bool training) {
+    auto p = std::make_unique<CompiledProgram>();
+    p->outputs = wanted;
+    p->schedule = plan_schedule(
+        graph_, {select_nodes(graph_, wanted, training), wanted, training}, *backend_, layout_, po);
+    programs_[static_cast<int>(kind)] = std::move(p);
+  };
+  const bool trains = cfg.train && !losses.empty();
+  if (trains) plan(ProgramKind::train_step, losses, true);
+  if (!results.empty()) plan(ProgramKind::forward, results, false);
+  if (!losses.empty()) plan(ProgramKind::evaluate, all, false);
+
+  // One arena for the largest program; the memory report shows that one.
+  memory_ = layout_.persistent;
+  memory_.offsets.clear();
+  const CompiledProgram* largest = nullptr;
+  for (const auto& p : programs_)
+    if (p && (!largest || p->schedule.arena_bytes > largest->schedule.arena_bytes))
+      largest = p.get();
+  const size_t align = backend_->caps().alignment;
+  memory_.peak = (layout_.persistent.peak + align - 1) / align * align;
+  if (largest) {
+    memory_.peak = largest->schedule.arena_bytes;
+    memory_.live_peak += largest->schedule.transient.live_peak;
+    for (int r = 0; r < kNumRoles; ++r)
+      memory_.bytes_by_role[r] += largest->schedule.transient.bytes_by_role[r];
+  }
+  budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
+  if (budget_) check_budget(memory_, budget_);
+  exec_ = std::make_unique<Executor>(*backend_, memory_.peak, layout_.host.peak);
+  for (auto& p : programs_)
+    if (p) p->bound = exec_->bind(p->schedule, layout_.host_offset, ctx_.get());
+
+  // Every weight and optimizer state starts from its initialiser (zeros if none).
+  for (size_t t = 0; t < graph_.num_tensors(); ++t) {
+    const TensorDesc& d = graph_.tensor(static_cast<TensorId>(t));
+    if (!persistent(d.role)) continue;
+    const auto it = m.init.find(d.name);
+    const std::vector<std::byte> bytes =
+        it != m.init.end() ? initial_value(d, it->second, m.seed) : std::vector<std::byte>(d.bytes());
+    exec_->write(layout_.device_offset[t], bytes.data(), bytes.size());
+  }
+}
+
+Session::~Session() = default;
+
+const Schedule* Session::schedule(ProgramKind p) const {
+  const auto& c = programs_[static_cast<int>(p)];
+  return c ? &c->schedule : nullptr;
+}
+
+void Session::check_cancel() {
+  if (cancel_.exchange(false)) throw Error(POOCH_ERR_CANCELLED, "cancelled");
+}
+
+TensorId Session::staged_tensor(std::string_view name, bool input) const {
+  const IoTensor* io = input ? model_->find_input(name) : model_->find_output(name);
+  if (io) return io->id;
+  if (const auto id = graph_.find(name); id && layout_.host_offset[static_cast<size_t>(*id)] != kUnplaced &&
+                                         (graph_.tensor(*id).role == Role::input) == input)
+    return *id;
+  std::string known;
+  for (const IoTensor& t : input ? model_->inputs : model_->outputs)
+    known += (known.empty() ? "" : ", ") + t.name;
+  throw Error(POOCH_ERR_INVALID_ARG, fmt::format("the model has no {} named '{}' (it has: {})",
+                                                 input ? "input" : "output", name, known));
+}
+
+void* Session::input_buffer(std::string_view name, int64_t rows) {
+  const TensorId t = staged_tensor(name, true);
+  const IoTensor* io = model_->find_input(name);
+  if (io && io->batch_dim >= 0) rows_ = rows;
+  return exec_->host_pool() + layout_.host_offset[static_cast<size_t>(t)];
+}
+
+void Session::set_input(std::string_view name, const void* data, size_t bytes) {
+  const TensorId t = staged_tensor(name, true);
+  const TensorDesc& d = graph_.tensor(t);
+  const IoTensor* io = model_->find_input(name);
+  auto* dst = exec_->host_pool() + layout_.host_offset[static_cast<size_t>(t)];
+  if (!io || io->batch_dim < 0 || d.shape.empty()) {
+    if (bytes != d.bytes())
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("input '{}' is {} {} ({} bytes); got {} bytes", d.name,
+                              dtype_name(d.dtype), shape_str(d.shape), d.bytes(), bytes));
+    if (bytes) std::memcpy(dst, data, bytes);
+    return;
+  }
+  // Rows of the batch dimension (dimension 0: the planner's layouts are row-major).
+  const int64_t max_rows = d.shape[0];
+  const size_t row_bytes = max_rows ? d.bytes() / static_cast<size_t>(max_rows) : 0;
+  if (row_bytes == 0 || bytes % row_bytes != 0 || bytes > d.bytes())
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("input '{}' is {} {}: it takes up to {} rows of {} bytes; got {} bytes",
+                            d.name, dtype_name(d.dtype), shape_str(d.shape), max_rows, row_bytes,
+                            bytes));
+  const auto rows = static_cast<int64_t>(bytes / row_bytes);
+  if (bytes) std::memcpy(dst, data, bytes);
+  fill(dst + bytes, d.dtype, (d.bytes() - bytes) / dtype_size(d.dtype), io->pad);
+  rows_ = rows;
+}
+
+void Session::set_input(std::string_view name, DType dtype, const Shape& shape, const void* data) {
+  const TensorId t = staged_tensor(name, true);
+  const TensorDesc& d = graph_.tensor(t);
+  const IoTensor* io = model_->find_input(name);
+  bool ok = dtype == d.dtype && shape.size() == d.shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) {
+    const bool batch = io && io->batch_dim == static_cast<int>(i);
+    ok = batch ? shape[i] >= 0 && shape[i] <= d.shape[i] : shape[i] == d.shape[i];
+  }
+  if (!ok)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("input '{}' is {} {}{}; got {} {}", d.name, dtype_name(d.dtype),
+                            shape_str(d.shape),
+                            io && io->batch_dim >= 0
+                                ? fmt::format(" (dimension {} may be smaller)", io->batch_dim)
+                                : "",
+                            dtype_name(dtype), shape_str(shape)));
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  set_input(name, data, static_cast<size_t>(n) * dtype_size(dtype));
+}
+
+void Session::fill_row_masks() {
+  for (const IoTensor& io : model_->inputs) {
+    if (!io.row_mask) continue;
+    const TensorDesc& d = graph_.tensor(io.id);
+    auto* dst = exec_->host_pool() + layout_.host_offset[static_cast<size_t>(io.id)];
+    const auto n = static_cast<size_t>(d.numel());
+    const size_t rows = rows_ < 0 ? n : std::min(n, static_cast<size_t>(rows_));
+    fill(dst, d.dtype, rows, 1.0);
+    fill(static_cast<std::byte*>(dst) + rows * dtype_size(d.dtype), d.dtype, n - rows, io.pad);
+  }
+}
+
+void Session::run(ProgramKind p) {
+  check_cancel();
+  const auto& c = programs_[static_cast<int>(p)];
+  if (!c)
+    throw Error(POOCH_ERR_UNSUPPORTED,
+                fmt::format("this session has no {} program ({})", program_name(p),
+                            p == ProgramKind::train_step
+                                ? (model_->losses.empty() ? "the model has no loss"
+                                                          : "it was created for inference")
+                                : "the model has no outputs for it"));
+  fill_row_masks();
+  if (c->schedule.training) ++ctx_->step;
+  ctx_->training = c->schedule.training ? 1 : 0;
+  exec_->run(c->bound, graph_);
+}
+
+int Session::compile(const std::vector<TensorId>& wanted, bool training, bool with_updates) {
+  auto p = std::make_unique<CompiledProgram>();
+  std::vector<TensorId> outs;
+  for (TensorId t : wanted)
+    if (layout_.host_offset[static_cast<size_t>(t)] != kUnplaced) outs.push_back(t);
+  p->outputs = outs;
+  p->schedule = plan_schedule(graph_, {select_nodes(graph_, wanted, with_updates), outs, training},
+                              *backend_, layout_, {cfg_.deterministic});
+  p->bound = exec_->bind(p->schedule, layout_.host_offset, ctx_.get());
+  custom_.push_back(std::move(p));
+  return static_cast<int>(custom_.size() - 1);
+}
+
+void Session::run_compiled(int id) {
+  check_cancel();
+  const CompiledProgram& c = *custom_.at(static_cast<size_t>(id));
+  fill_row_masks();
+  if (c.schedule.training) ++ctx_->step;
+  ctx_->training = c.schedule.training ? 1 : 0;
+  exec_->run(c.bound, graph_);
+}
+
+const void* Session::staged(TensorId t) const {
+  const size_t off = layout_.host_offset.at(static_cast<size_t>(t));
+  if (off == kUnplaced)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("tensor '{}' is not an input or output", graph_.tensor(t).name));
+  return exec_->host_pool() + off;
+}
+
+const void* Session::output_buffer(std::string_view name) const {
+  return staged(staged_tensor(name, false));
+}
+
+void Session::get_output(std::string_view name, void* data, size_t bytes) const {
+  const TensorId t = staged_tensor(name, false);
+  const TensorDesc& d = graph_.tensor(t);
+  if (bytes != d.bytes())
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("output '{}' is {} {} ({} bytes); the buffer holds {} bytes", d.name,
+                            dtype_name(d.dtype), shape_str(d.shape), d.bytes(), bytes));
+  if (bytes) std::memcpy(data, staged(t), bytes);
+}
+
+std::vector<std::byte> Session::read_tensor(std::string_view name) const {
+  const auto id = graph_.find(name);
+  if (!id || !persistent(graph_.tensor(*id).role))
+    throw Error(POOCH_ERR_INVALID_ARG, fmt::format("no weight or optimizer state named '{}'", name));
+  std::vector<std::byte> out(graph_.tensor(*id).bytes());
+  exec_->read(layout_.device_offset[static_cast<size_t>(*id)], out.data(), out.size());
+  return out;
+}
+
+void Session::write_tensor(std::string_view name, const void* data, size_t bytes) {
+  const auto id = graph_.find(name);
+  if (!id || !persistent(graph_.tensor(*id).role))
+    throw Error(POOCH_ERR_INVALID_ARG, fmt::format("no weight or optimizer state named '{}'", name));
+  const TensorDesc& d = graph_.tensor(*id);
+  if (bytes != d.bytes())
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("tensor '{}' has {} bytes, got {}", name, d.bytes(), bytes));
+  exec_->write(layout_.device_offset[static_cast<size_t>(*id)], data, bytes);
+}
+
+const std::byte* Session::host_view(TensorId t) const {
+  const size_t off = layout_.device_offset.at(static_cast<size_t>(t));
+  return off == kUnplaced ? nullptr : exec_->host_view(off);
+}
+
+}  // namespace pooch

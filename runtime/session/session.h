@@ -1,0 +1,115 @@
+// A Session puts a Model on a backend. It appends the backward pass and the
+// optimizer updates when it trains, compiles each program (train step,
+// forward, evaluate) once into its own Schedule, takes one arena that fits the
+// largest, and then runs programs over inputs set by name. One session per
+// thread; cancel() is safe from any thread.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "../backend/make_backend.h"
+#include "../core/optimizer.h"
+#include "../exec/executor.h"
+#include "../models/model.h"
+#include "../plan/planner.h"
+
+namespace pooch {
+
+enum class ProgramKind { train_step = 0, forward = 1, evaluate = 2 };
+inline constexpr int kNumPrograms = 3;
+const char* program_name(ProgramKind p);
+
+struct SessionConfig {
+  DeviceKind device = DeviceKind::automatic;
+  size_t device_memory = 0;  // 0: no cap beyond the device
+  int threads = 0;           // 0: all cores
+  bool deterministic = true;
+  bool train = true;  // append the backward pass and optimizer updates to the model's losses
+  OptimizerConfig optimizer;
+};
+
+// One program compiled for this session.
+struct CompiledProgram {
+  Schedule schedule;
+  BoundSchedule bound;
+  std::vector<TensorId> outputs;  // what it copies back
+};
+
+class Session {
+ public:
+  Session(std::shared_ptr<const Model> model, const SessionConfig& cfg,
+          BackendNote note = nullptr, void* note_user = nullptr);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const Model& model() const { return *model_; }
+  // The model's graph with the backward pass and optimizer updates.
+  const Graph& graph() const { return graph_; }
+
+  // Sets an input by name (any case). With a batch dimension, `bytes` may
+  // hold fewer rows than planned: the rest are filled with the input's pad
+  // value. Error POOCH_ERR_INVALID_ARG naming the input otherwise.
+  void set_input(std::string_view name, const void* data, size_t bytes);
+  // The same, checking the caller's dtype and shape against the input's.
+  void set_input(std::string_view name, DType dtype, const Shape& shape, const void* data);
+  // The host buffer an input is copied from, for adapters that pack their
+  // rows in place; `rows` is how many rows of it they filled (row masks
+  // follow it).
+  void* input_buffer(std::string_view name, int64_t rows);
+
+  bool has_program(ProgramKind p) const { return programs_[static_cast<int>(p)] != nullptr; }
+  // Runs a program. A train step advances the optimizer step counter.
+  void run(ProgramKind p);
+  // A program over any tensors of the graph (tests, tools): compiled now; it
+  // must fit the arena the session took. Outputs must be staged tensors.
+  int compile(const std::vector<TensorId>& wanted, bool training, bool with_updates);
+  void run_compiled(int id);
+  const Schedule& schedule_of(int id) const { return custom_.at(static_cast<size_t>(id))->schedule; }
+
+  // Copies an output of the last run that computed it.
+  void get_output(std::string_view name, void* data, size_t bytes) const;
+  const void* output_buffer(std::string_view name) const;
+  const void* staged(TensorId t) const;
+  void cancel() { cancel_.store(true); }
+
+  // Whole tensors by name (weights, optimizer state), synchronously.
+  std::vector<std::byte> read_tensor(std::string_view name) const;
+  void write_tensor(std::string_view name, const void* data, size_t bytes);
+  // A weight's bytes in place when the device's memory is host memory, else null.
+  const std::byte* host_view(TensorId t) const;
+
+  uint64_t optimizer_step() const { return ctx_->step; }
+  void set_optimizer_step(uint64_t s) { ctx_->step = s; }
+  void set_lr_scale(double s) { ctx_->lr_scale = s; }
+  const OptimizerConfig& optimizer() const { return cfg_.optimizer; }
+  const char* backend_name() const { return backend_->name(); }
+  Backend& backend() const { return *backend_; }
+  size_t budget() const { return budget_; }
+  // The arena the session took and what it holds (the persistent region
+  // plus the largest program's buffers), by role.
+  const ArenaPlan& memory_plan() const { return memory_; }
+  const Schedule* schedule(ProgramKind p) const;
+
+ private:
+  TensorId staged_tensor(std::string_view name, bool input) const;
+  void fill_row_masks();
+  void check_cancel();
+  std::shared_ptr<const Model> model_;
+  SessionConfig cfg_;
+  Graph graph_;
+  std::unique_ptr<Backend> backend_;
+  SessionLayout layout_;
+  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<kern::KernelContext> ctx_;  // stable address: bound launches point at it
+  std::unique_ptr<CompiledProgram> programs_[kNumPrograms];
+  std::vector<std::unique_ptr<CompiledProgram>> custom_;
+  ArenaPlan memory_;
+  size_t budget_ = 0;
+  int64_t rows_ = -1;  // rows of the last batch input set (-1: none yet: every row counts)
+  std::atomic<bool> cancel_{false};
+};
+
+}  // namespace pooch
