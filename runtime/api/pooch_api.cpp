@@ -717,4 +717,106 @@ pooch_status pooch_evaluate(pooch_session* s, const pooch_dataset* ds, const poo
   });
 }
 
+namespace {
+
+pooch_status tensor_info(pooch_model* m, int i, bool input, pooch_tensor_info* out) {
+  return guarded([&] {
+    const pooch::Model& model = m->model();
+    const auto& list = input ? model.inputs : model.outputs;
+    if (i < 0 || static_cast<size_t>(i) >= list.size())
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("the model has {} {}s; index {} is outside [0, {})",
+                                     list.size(), input ? "input" : "output", i, list.size()));
+    const pooch::IoTensor& io = list[static_cast<size_t>(i)];
+    const pooch::TensorDesc& d = model.graph.tensor(io.id);
+    if (d.shape.size() > POOCH_MAX_DIMS)
+      throw pooch::Error(POOCH_ERR_UNSUPPORTED,
+                         fmt::format("tensor '{}' has rank {}, more than {}", io.name,
+                                     d.shape.size(), POOCH_MAX_DIMS));
+    std::memset(out, 0, sizeof(*out));
+    out->name = io.name.c_str();
+    switch (d.dtype) {
+      case pooch::DType::f32: out->dtype = POOCH_DTYPE_F32; break;
+      case pooch::DType::f64: out->dtype = POOCH_DTYPE_F64; break;
+      case pooch::DType::i32: out->dtype = POOCH_DTYPE_I32; break;
+      case pooch::DType::u16: out->dtype = POOCH_DTYPE_U16; break;
+      default: out->dtype = POOCH_DTYPE_OTHER;
+    }
+    out->rank = static_cast<int>(d.shape.size());
+    for (size_t k = 0; k < d.shape.size(); ++k)
+      out->shape[k] = static_cast<int>(k) == io.batch_dim ? -1 : d.shape[k];
+    out->max_rows = io.batch_dim >= 0 ? d.shape[static_cast<size_t>(io.batch_dim)] : 0;
+    out->bytes = d.bytes();
+  });
+}
+
+int io_count(pooch_model* m, bool input) {
+  if (!m) return 0;
+  try {
+    const pooch::Model& model = m->model();
+    return static_cast<int>(input ? model.inputs.size() : model.outputs.size());
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+int pooch_model_input_count(const pooch_model* m) {
+  return io_count(const_cast<pooch_model*>(m), true);
+}
+
+int pooch_model_output_count(const pooch_model* m) {
+  return io_count(const_cast<pooch_model*>(m), false);
+}
+
+pooch_status pooch_model_input_info(const pooch_model* m, int i, pooch_tensor_info* out) {
+  POOCH_REQUIRE_ARG(m && out, "pooch_model_input_info: model and out must not be NULL");
+  return tensor_info(const_cast<pooch_model*>(m), i, true, out);
+}
+
+pooch_status pooch_model_output_info(const pooch_model* m, int i, pooch_tensor_info* out) {
+  POOCH_REQUIRE_ARG(m && out, "pooch_model_output_info: model and out must not be NULL");
+  return tensor_info(const_cast<pooch_model*>(m), i, false, out);
+}
+
+const char* pooch_model_family(const pooch_model* m) {
+  if (!m) return "";
+  try {
+    return const_cast<pooch_model*>(m)->model().family.c_str();
+  } catch (...) {
+    return "";
+  }
+}
+
+pooch_status pooch_session_set_input(pooch_session* s, const char* name, const void* data,
+                                     size_t bytes) {
+  POOCH_REQUIRE_ARG(s && name && (data || bytes == 0),
+                    "pooch_session_set_input: session, name and data must not be NULL");
+  return guarded([&] { s->session().set_input(name, data, bytes); });
+}
+
+pooch_status pooch_session_run(pooch_session* s, pooch_program program) {
+  POOCH_REQUIRE_ARG(s, "pooch_session_run: session must not be NULL");
+  POOCH_REQUIRE_ARG(program >= POOCH_PROGRAM_TRAIN_STEP && program <= POOCH_PROGRAM_EVALUATE,
+                    fmt::format("pooch_session_run: unknown program {}", static_cast<int>(program)));
+  return guarded([&] {
+    s->session().run(static_cast<pooch::ProgramKind>(program));
+    if (program == POOCH_PROGRAM_TRAIN_STEP && s->progress) {
+      const pooch::Model& m = s->session().model();
+      float loss;
+      std::memcpy(&loss, s->session().staged(m.losses[0]), 4);
+      if (!s->progress(s->progress_user, static_cast<int64_t>(s->session().optimizer_step()), loss))
+        throw pooch::Error(POOCH_ERR_CANCELLED, "cancelled by the progress callback");
+    }
+  });
+}
+
+pooch_status pooch_session_get_output(const pooch_session* s, const char* name, void* data,
+                                      size_t bytes) {
+  POOCH_REQUIRE_ARG(s && name && (data || bytes == 0),
+                    "pooch_session_get_output: session, name and data must not be NULL");
+  return guarded([&] { s->session().get_output(name, data, bytes); });
+}
+
 }  // extern "C"

@@ -121,6 +121,36 @@ POOCH_API const char* pooch_model_spec_json(const pooch_model* model);
 POOCH_API int pooch_model_is_checkpoint(const pooch_model* model);
 POOCH_API void pooch_model_free(pooch_model** model);
 
+/* Tensors a caller sets or reads by name, for any model family. */
+typedef enum pooch_dtype {
+  POOCH_DTYPE_F32 = 0,
+  POOCH_DTYPE_F64 = 1,
+  POOCH_DTYPE_I32 = 2,
+  POOCH_DTYPE_U16 = 3,
+  POOCH_DTYPE_OTHER = 15 /* a type this header does not name yet */
+} pooch_dtype;
+
+#define POOCH_MAX_DIMS 8
+
+typedef struct pooch_tensor_info {
+  const char* name;  /* valid while the model lives */
+  pooch_dtype dtype;
+  int rank;
+  int64_t shape[POOCH_MAX_DIMS]; /* -1 for the batch dimension (up to the planned rows) */
+  int64_t max_rows;              /* the planned rows of the batch dimension; 0 without one */
+  size_t bytes;                  /* at the planned size */
+  uint8_t reserved[32];
+} pooch_tensor_info;
+
+POOCH_API int pooch_model_input_count(const pooch_model* model);
+POOCH_API pooch_status pooch_model_input_info(const pooch_model* model, int i,
+                                              pooch_tensor_info* out);
+POOCH_API int pooch_model_output_count(const pooch_model* model);
+POOCH_API pooch_status pooch_model_output_info(const pooch_model* model, int i,
+                                               pooch_tensor_info* out);
+/* The model's family ("xmc", "mlp", ...; "" when unknown). */
+POOCH_API const char* pooch_model_family(const pooch_model* model);
+
 /* Everything in a .pooch file as one JSON document (metadata, graph, tensor
  * table); free it with pooch_string_free. */
 POOCH_API pooch_status pooch_file_describe(const char* path, char** json_out);
@@ -190,6 +220,24 @@ POOCH_API pooch_status pooch_session_step(pooch_session* s, const pooch_batch* b
 /* Top-k labels per row: labels[rows*k] and scores[rows*k], best first. */
 POOCH_API pooch_status pooch_session_predict(pooch_session* s, const pooch_batch* batch, int k,
                                              int32_t* labels, float* scores);
+/* Tensor-level calls, for every model family. An input with a batch
+ * dimension takes up to its planned rows: `bytes` may hold fewer whole rows,
+ * and the rest are padded (with values the loss ignores). */
+POOCH_API pooch_status pooch_session_set_input(pooch_session* s, const char* name,
+                                               const void* data, size_t bytes);
+
+typedef enum pooch_program {
+  POOCH_PROGRAM_TRAIN_STEP = 0, /* forward, backward, optimizer update; the loss comes back */
+  POOCH_PROGRAM_FORWARD = 1,    /* the model's outputs other than the loss (no labels needed) */
+  POOCH_PROGRAM_EVALUATE = 2    /* every output, the loss included, with no update */
+} pooch_program;
+
+POOCH_API pooch_status pooch_session_run(pooch_session* s, pooch_program program);
+/* Copies an output computed by the last run; `bytes` must be its full size
+ * (pooch_model_output_info). */
+POOCH_API pooch_status pooch_session_get_output(const pooch_session* s, const char* name,
+                                                void* data, size_t bytes);
+
 /* Thread-safe: makes the running or next call on `s` return POOCH_ERR_CANCELLED. */
 POOCH_API void pooch_session_cancel(pooch_session* s);
 
