@@ -28,12 +28,16 @@ int threads_of(const KernelArgs& a) {
   return a.ctx && a.ctx->threads > 1 ? a.ctx->threads : 1;
 }
 
+// x[..., L] as [b, L]: every dimension but the last counts rows (the
+// label-CSR losses are rank 2 only; shape inference sees to it).
 struct Dims {
   int64_t b, l;
 };
 Dims dims_of(const TensorView& x) {
-  if (x.ndim != 2) return {0, 0};
-  return {x.shape[0], x.shape[1]};
+  if (x.ndim < 2) return {0, 0};
+  int64_t b = 1;
+  for (int i = 0; i + 1 < x.ndim; ++i) b *= x.shape[i];
+  return {b, x.shape[x.ndim - 1]};
 }
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -443,6 +447,139 @@ void csr_loss_grad(const KernelArgs& a) {
   for (int64_t r = 0; r < b; ++r) Row(x + r * l, dx + r * l, l, row_labels(lptr, lidx, r), k);
 }
 
+// ---- mean squared error with row weights ------------------------------------------
+//
+// Σ_r w_r Σ_c (p − t)² / (C · max(Σ_r w_r, 1)); a row of weight 0 is not read
+// and gets a zero gradient. Row sums go to the workspace and are added in
+// row order, as the other losses do.
+
+size_t rows_workspace(const KernelArgs& a) {
+  return static_cast<size_t>(dims_of(a.in[0]).b) * sizeof(double);
+}
+
+// Σ_r w_r over the rows of nonzero weight, in row order.
+double weight_sum(const float* w, int64_t b) {
+  double s = 0;
+  for (int64_t r = 0; r < b; ++r)
+    if (w[r] != 0.0f) s += static_cast<double>(w[r]);
+  return s;
+}
+
+void mse_fwd(const KernelArgs& a) {
+  const auto [b, c] = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  if (b == 0 || c == 0) {
+    *out = 0.0f;  // no rows or no columns: the loss is 0, not 0/0
+    return;
+  }
+  const float* p = a.in[0].as<const float>();
+  const float* t = a.in[1].as<const float>();
+  const float* w = a.in[2].as<const float>();
+  double* partial = static_cast<double*>(a.workspace);
+#pragma omp parallel for num_threads(threads_of(a)) if (b * c > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r) {
+    if (w[r] == 0.0f) {
+      partial[r] = 0.0;
+      continue;
+    }
+    const float* pr = p + r * c;
+    const float* tr = t + r * c;
+    // The difference in double is exact, its square nearly so.
+    partial[r] = static_cast<double>(w[r]) * lane_sum(c, [&](int64_t j) {
+                   const double d = static_cast<double>(pr[j]) - static_cast<double>(tr[j]);
+                   return d * d;
+                 });
+  }
+  double total = 0;
+  for (int64_t r = 0; r < b; ++r) total += partial[r];
+  const double den = static_cast<double>(c) * std::max(weight_sum(w, b), 1.0);
+  *out = static_cast<float>(total / den);
+}
+
+void mse_grad(const KernelArgs& a) {
+  const auto [b, c] = dims_of(a.in[0]);
+  if (b == 0 || c == 0) return;
+  const float* p = a.in[0].as<const float>();
+  const float* t = a.in[1].as<const float>();
+  const float* w = a.in[2].as<const float>();
+  float* dx = a.out[0].as<float>();
+  const double k =
+      2.0 * a.attrs.get("scale", 1.0) / (static_cast<double>(c) * std::max(weight_sum(w, b), 1.0));
+#pragma omp parallel for num_threads(threads_of(a)) if (b * c > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r) {
+    float* dr = dx + r * c;
+    if (w[r] == 0.0f) {
+      std::fill(dr, dr + c, 0.0f);
+      continue;
+    }
+    const float kw = static_cast<float>(k * static_cast<double>(w[r]));
+    const float* pr = p + r * c;
+    const float* tr = t + r * c;
+    for (int64_t j = 0; j < c; ++j) dr[j] = kw * (pr[j] - tr[j]);
+  }
+}
+
+// ---- softmax cross-entropy with one class id per row ------------------------------
+//
+// Rows whose id is outside [0, C) (−1: padding) are not read and get a zero
+// gradient; the loss is the mean over the others (0 when there are none).
+// Each counted row costs one pass for its maximum and one for Σ exp(x − max)
+// (row_lse); the gradient adds one pass that writes the softmax.
+
+inline bool counted(int32_t c, int64_t l) {
+  return c >= 0 && c < l;
+}
+
+void xent_index_fwd(const KernelArgs& a) {
+  const auto [b, l] = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  if (b == 0 || l == 0) {
+    *out = 0.0f;
+    return;
+  }
+  const float* x = a.in[0].as<const float>();
+  const int32_t* t = a.in[1].as<const int32_t>();
+  double* partial = static_cast<double*>(a.workspace);
+#pragma omp parallel for num_threads(threads_of(a)) if (b * l > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r) {
+    const int32_t c = t[r];
+    partial[r] = counted(c, l) ? row_lse(x + r * l, l) - static_cast<double>(x[r * l + c]) : 0.0;
+  }
+  double total = 0;
+  int64_t n = 0;
+  for (int64_t r = 0; r < b; ++r) {
+    total += partial[r];
+    n += counted(t[r], l) ? 1 : 0;
+  }
+  *out = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
+}
+
+void xent_index_grad(const KernelArgs& a) {
+  const auto [b, l] = dims_of(a.in[0]);
+  if (b == 0 || l == 0) return;
+  const float* x = a.in[0].as<const float>();
+  const int32_t* t = a.in[1].as<const int32_t>();
+  float* dx = a.out[0].as<float>();
+  int64_t n = 0;
+  for (int64_t r = 0; r < b; ++r) n += counted(t[r], l) ? 1 : 0;
+  const float k =
+      static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(std::max<int64_t>(n, 1)));
+#pragma omp parallel for num_threads(threads_of(a)) if (b * l > kGrain) schedule(static)
+  for (int64_t r = 0; r < b; ++r) {
+    const float* xr = x + r * l;
+    float* dr = dx + r * l;
+    const int32_t c = t[r];
+    if (!counted(c, l)) {
+      std::fill(dr, dr + l, 0.0f);
+      continue;
+    }
+    const double lse = row_lse(xr, l);
+    // x − lse in double keeps p accurate when both are large.
+    for (int64_t j = 0; j < l; ++j) dr[j] = k * exp_f(static_cast<float>(xr[j] - lse));
+    dr[c] = k * (exp_f(static_cast<float>(xr[c] - lse)) - 1.0f);
+  }
+}
+
 }  // namespace
 
 std::vector<KernelVariant> cpu_loss_kernels() {
@@ -459,6 +596,10 @@ std::vector<KernelVariant> cpu_loss_kernels() {
       {"squared_hinge_csr_grad", "omp", csr_loss_grad<hinge_csr_grad_row>, nullptr, true},
       {"softmax_xent_csr", "omp", csr_loss_fwd<xent_csr_row>, csr_loss_workspace, true},
       {"softmax_xent_csr_grad", "omp", csr_loss_grad<xent_csr_grad_row>, nullptr, true},
+      {"mse", "omp", mse_fwd, rows_workspace, true, nullptr},
+      {"mse_grad", "omp", mse_grad, nullptr, true, nullptr},
+      {"softmax_xent_index", "omp", xent_index_fwd, rows_workspace, true, nullptr},
+      {"softmax_xent_index_grad", "omp", xent_index_grad, nullptr, true, nullptr},
   };
 }
 

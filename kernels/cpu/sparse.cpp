@@ -583,6 +583,46 @@ void ffi_grad_input_transposed_omp(const KernelArgs& a) {
   by_index<FfiGradInputTransposed>(a, a.in[1].dtype);
 }
 
+// ---- scatter_add_rows ---------------------------------------------------------
+//
+// out = dense (unless in place), then the listed rows of g added to theirs.
+// The ids are distinct (the producer lists each row once), so each listed row
+// is one piece: no two threads touch the same element. A count outside
+// [0, R] is clamped and an id outside [0, F) skipped, as in the reference.
+
+void scatter_add_rows_omp(const KernelArgs& a) {
+  if (!all_f32(a)) return;
+  const TensorView& dv = a.in[0];
+  const int64_t f = dv.ndim == 2 ? dv.shape[0] : 0;
+  const int64_t o = dv.ndim == 2 ? dv.shape[1] : 0;
+  const float* dense = dv.as<const float>();
+  float* out = a.out[0].as<float>();
+  const int threads = threads_of(a);
+  if (out != dense && f * o > 0) {
+    // Copied in fixed slices of rows; a copy is memory-bound, so a few
+    // threads suffice.
+    const int64_t pieces = std::min<int64_t>(f, std::max<int64_t>(1, f * o / kGrain));
+#pragma omp parallel for num_threads(threads) if (pieces > 1) schedule(static)
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t r0 = f * p / pieces, r1 = f * (p + 1) / pieces;
+      std::memcpy(out + r0 * o, dense + r0 * o, static_cast<size_t>((r1 - r0) * o) * sizeof(float));
+    }
+  }
+  const int64_t cap = a.in[1].numel() - 1;
+  if (cap <= 0 || o == 0) return;
+  const int32_t* rows = a.in[1].as<const int32_t>();
+  const int64_t n = std::clamp<int64_t>(rows[0], 0, cap);
+  const float* g = a.in[2].as<const float>();
+#pragma omp parallel for num_threads(threads) if (n * o > kGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows[1 + i];
+    if (r < 0 || r >= f) continue;
+    float* dst = out + r * o;
+    const float* src = g + i * o;
+    for (int64_t j = 0; j < o; ++j) dst[j] += src[j];
+  }
+}
+
 }  // namespace
 
 std::vector<KernelVariant> cpu_sparse_kernels() {
@@ -596,6 +636,7 @@ std::vector<KernelVariant> cpu_sparse_kernels() {
        true},
       {"ffi_grad_weight", "omp", ffi_grad_weight_omp, ffi_grad_weight_ws, true},
       {"topk", "omp", topk_heap, nullptr, true},
+      {"scatter_add_rows", "omp", scatter_add_rows_omp, nullptr, true, nullptr},
   };
 }
 

@@ -25,12 +25,16 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxPartials = 1024;
 constexpr int64_t kChunk = 4096;  // elements of one row per block (softmax)
 
+// x[..., L] as [b, L]: every dimension but the last counts rows (the
+// label-CSR losses are rank 2 only; shape inference sees to it).
 struct Dims {
   int64_t b, l;
 };
 Dims dims_of(const TensorView& x) {
-  if (x.ndim != 2) return {0, 0};
-  return {x.shape[0], x.shape[1]};
+  if (x.ndim < 2) return {0, 0};
+  int64_t b = 1;
+  for (int i = 0; i + 1 < x.ndim; ++i) b *= x.shape[i];
+  return {b, x.shape[x.ndim - 1]};
 }
 
 // ---- elementwise terms (float, as the CPU kernels) ------------------------------
@@ -719,6 +723,349 @@ void softmax_xent_csr_grad(const KernelArgs& a) {
   launched("xent_csr_grad_fix_kernel");
 }
 
+// ---- mean squared error with row weights ------------------------------------------
+//
+// Σ_r w_r Σ_c (p − t)² / (C · max(Σ_r w_r, 1)); a row of weight 0 is not read
+// and gets a zero gradient. The forward pass is a flat reduction as bce's,
+// each block also summing a strided share of the row weights.
+
+__global__ void mse_partials_kernel(const float* __restrict__ p, const float* __restrict__ t,
+                                    const float* __restrict__ w, int64_t B, int64_t C,
+                                    double* __restrict__ pnum, double* __restrict__ pw) {
+  __shared__ double scratch[33];
+  const int64_t n = B * C;
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  double acc = 0.0, ws = 0.0;
+  for (int64_t i = start; i < n; i += stride) {
+    const float wr = w[i / C];
+    if (wr == 0.0f) continue;
+    const double d = static_cast<double>(p[i]) - static_cast<double>(t[i]);
+    acc += static_cast<double>(wr) * (d * d);
+  }
+  for (int64_t r = start; r < B; r += stride)
+    if (w[r] != 0.0f) ws += static_cast<double>(w[r]);
+  acc = block_sum(acc, scratch);
+  ws = block_sum(ws, scratch);
+  if (threadIdx.x == 0) {
+    pnum[blockIdx.x] = acc;
+    pw[blockIdx.x] = ws;
+  }
+}
+
+__global__ void mse_finish_kernel(const double* __restrict__ pnum, const double* __restrict__ pw,
+                                  int64_t n, int64_t C, float* __restrict__ out) {
+  __shared__ double scratch[33];
+  double num = 0.0, ws = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    num += pnum[i];
+    ws += pw[i];
+  }
+  num = block_sum(num, scratch);
+  ws = block_sum(ws, scratch);
+  if (threadIdx.x == 0) *out = static_cast<float>(num / (static_cast<double>(C) * fmax(ws, 1.0)));
+}
+
+struct MseLayout {
+  double* pnum;  // [blocks]
+  double* pw;    // [blocks]
+  size_t total;
+};
+
+MseLayout mse_layout(void* base, int64_t blocks) {
+  Carve c{static_cast<std::byte*>(base)};
+  MseLayout w{};
+  w.pnum = c.take<double>(static_cast<size_t>(blocks));
+  w.pw = c.take<double>(static_cast<size_t>(blocks));
+  w.total = c.used;
+  return w;
+}
+
+// Blocks of the forward reduction: enough for the elements and for the rows.
+int64_t mse_blocks(const Dims& d) {
+  return partial_blocks(std::max(d.b * d.l, d.b));
+}
+
+size_t mse_ws(const KernelArgs& a) {
+  return mse_layout(nullptr, mse_blocks(dims_of(a.in[0]))).total;
+}
+
+void mse(const KernelArgs& a) {
+  if (!f32_only(a, "mse")) return;
+  const Dims d = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  if (d.b == 0 || d.l == 0) {  // no rows or no columns: the loss is 0, not 0/0
+    write_zero(out, s);
+    return;
+  }
+  const int64_t blocks = mse_blocks(d);
+  const MseLayout w = mse_layout(a.workspace, blocks);
+  mse_partials_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+      a.in[0].as<const float>(), a.in[1].as<const float>(), a.in[2].as<const float>(), d.b, d.l,
+      w.pnum, w.pw);
+  if (!launched("mse_partials_kernel")) return;
+  mse_finish_kernel<<<1, kThreads, 0, s>>>(w.pnum, w.pw, blocks, d.l, out);
+  launched("mse_finish_kernel");
+}
+
+// Σ_r w_r over the rows of nonzero weight, one block, into *sum.
+__global__ void weight_sum_kernel(const float* __restrict__ w, int64_t B,
+                                  double* __restrict__ sum) {
+  __shared__ double scratch[33];
+  double acc = 0.0;
+  for (int64_t r = threadIdx.x; r < B; r += blockDim.x)
+    if (w[r] != 0.0f) acc += static_cast<double>(w[r]);
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) *sum = acc;
+}
+
+// dx = k·w_r·(p − t), k = 2·scale / (C·max(Σw, 1)); 0 where w_r = 0.
+__global__ void mse_grad_kernel(const float* __restrict__ p, const float* __restrict__ t,
+                                const float* __restrict__ w, float* __restrict__ dx, int64_t n,
+                                int64_t C, double two_scale_over_c,
+                                const double* __restrict__ wsum) {
+  const double k = two_scale_over_c / fmax(*wsum, 1.0);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float wr = w[i / C];
+    dx[i] = wr == 0.0f ? 0.0f : static_cast<float>(k * static_cast<double>(wr)) * (p[i] - t[i]);
+  }
+}
+
+size_t one_double_ws(const KernelArgs&) {
+  return sizeof(double);
+}
+
+void mse_grad(const KernelArgs& a) {
+  if (!f32_only(a, "mse_grad")) return;
+  const Dims d = dims_of(a.in[0]);
+  const int64_t n = d.b * d.l;
+  if (n == 0) return;
+  const cudaStream_t s = stream_of(a);
+  const float* w = a.in[2].as<const float>();
+  auto* wsum = static_cast<double*>(a.workspace);
+  weight_sum_kernel<<<1, kThreads, 0, s>>>(w, d.b, wsum);
+  if (!launched("weight_sum_kernel")) return;
+  const double k = 2.0 * a.attrs.get("scale", 1.0) / static_cast<double>(d.l);
+  mse_grad_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(a.in[0].as<const float>(),
+                                                             a.in[1].as<const float>(), w,
+                                                             a.out[0].as<float>(), n, d.l, k, wsum);
+  launched("mse_grad_kernel");
+}
+
+// ---- softmax cross-entropy with one class id per row ------------------------------
+//
+// A group of G threads owns a row (grid-stride over rows): a warp when rows
+// are short, the whole block when they are long. Per counted row: one pass
+// for the maximum, one for Σ exp(x − shift) (the reference's shift rule),
+// and for the gradient one that writes the softmax. Rows whose id is outside
+// [0, C) are not read: their loss is not counted, their gradient is 0.
+
+constexpr int64_t kWarpRowMax = 2048;  // rows up to this long: a warp each
+
+__device__ __forceinline__ bool counted(int32_t c, int64_t l) {
+  return c >= 0 && c < l;
+}
+
+// Max over the group (NaN skipped, as fmaxf does), in every thread of it.
+template <int G>
+__device__ __forceinline__ float group_max(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  if constexpr (G == 32) {
+    return v;
+  } else {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float m = scratch[0];
+    for (int i = 1; i < G / 32; ++i) m = fmaxf(m, scratch[i]);
+    __syncthreads();  // scratch may be reused right away
+    return m;
+  }
+}
+
+// Sum over the group in a fixed tree, in every thread of it.
+template <int G>
+__device__ __forceinline__ double group_sum(double v, double* scratch) {
+  if constexpr (G == 32) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+    return v;
+  } else {
+    return block_sum(v, scratch);
+  }
+}
+
+// Row r's log Σ exp, from its G threads (lane = the thread's place in the group).
+template <int G>
+__device__ __forceinline__ double group_row_lse(const float* __restrict__ xr, int64_t L, int lane,
+                                                float* fscratch, double* dscratch) {
+  float m = -INFINITY;
+  for (int64_t j = lane; j < L; j += G) m = fmaxf(m, xr[j]);
+  m = group_max<G>(m, fscratch);
+  const float shift = isfinite(m) ? m : 0.0f;
+  double se = 0.0;
+  for (int64_t j = lane; j < L; j += G) se += static_cast<double>(expf(xr[j] - shift));
+  se = group_sum<G>(se, dscratch);
+  return static_cast<double>(shift) + log(se);
+}
+
+// Rows handled by one block, and the group and row this thread starts at.
+template <int G>
+struct RowGroups {
+  static constexpr int kPerBlock = kThreads / G;
+  __device__ static int lane() { return static_cast<int>(threadIdx.x) % G; }
+  __device__ static int64_t first() { return blockIdx.x * int64_t{kPerBlock} + threadIdx.x / G; }
+  __device__ static int64_t stride() { return int64_t{gridDim.x} * kPerBlock; }
+};
+
+template <int G>
+__global__ void xent_index_row_kernel(const float* __restrict__ x, const int32_t* __restrict__ t,
+                                      int64_t B, int64_t L, double* __restrict__ prow,
+                                      double* __restrict__ pcnt) {
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[33];
+  using RG = RowGroups<G>;
+  const int lane = RG::lane();
+  // Every thread of a group walks the same rows; with G = the block, so does
+  // the whole block, and the branch below is taken by all of it alike.
+  for (int64_t r = RG::first(); r < B; r += RG::stride()) {
+    const int32_t c = t[r];
+    if (!counted(c, L)) {
+      if (lane == 0) prow[r] = pcnt[r] = 0.0;
+      continue;
+    }
+    const float* xr = x + r * L;
+    const double lse = group_row_lse<G>(xr, L, lane, fscratch, dscratch);
+    if (lane == 0) {
+      prow[r] = lse - static_cast<double>(xr[c]);
+      pcnt[r] = 1.0;
+    }
+  }
+}
+
+// out = Σ prow / Σ pcnt over [0, B), 0 when no row counted.
+__global__ void xent_index_finish_kernel(const double* __restrict__ prow,
+                                         const double* __restrict__ pcnt, int64_t B,
+                                         float* __restrict__ out) {
+  __shared__ double scratch[33];
+  double s = 0.0, n = 0.0;
+  for (int64_t i = threadIdx.x; i < B; i += blockDim.x) {
+    s += prow[i];
+    n += pcnt[i];
+  }
+  s = block_sum(s, scratch);
+  n = block_sum(n, scratch);
+  if (threadIdx.x == 0) *out = static_cast<float>(n > 0.0 ? s / n : 0.0);
+}
+
+template <int G>
+unsigned row_group_grid(int64_t B) {
+  const int64_t need = ceil_div(B, int64_t{RowGroups<G>::kPerBlock});
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(need, int64_t{sm_count()} * 32)));
+}
+
+struct XentIndexLayout {
+  double* prow;  // [B] the row's loss
+  double* pcnt;  // [B] 1 for a counted row
+  size_t total;
+};
+
+XentIndexLayout xent_index_layout(void* base, int64_t B) {
+  Carve c{static_cast<std::byte*>(base)};
+  XentIndexLayout w{};
+  w.prow = c.take<double>(static_cast<size_t>(B));
+  w.pcnt = c.take<double>(static_cast<size_t>(B));
+  w.total = c.used;
+  return w;
+}
+
+size_t xent_index_ws(const KernelArgs& a) {
+  return xent_index_layout(nullptr, dims_of(a.in[0]).b).total;
+}
+
+void softmax_xent_index(const KernelArgs& a) {
+  if (!f32_only(a, "softmax_xent_index")) return;
+  const Dims d = dims_of(a.in[0]);
+  float* out = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  if (d.b == 0 || d.l == 0) {  // no row can be counted
+    write_zero(out, s);
+    return;
+  }
+  const float* x = a.in[0].as<const float>();
+  const int32_t* t = a.in[1].as<const int32_t>();
+  const XentIndexLayout w = xent_index_layout(a.workspace, d.b);
+  if (d.l <= kWarpRowMax)
+    xent_index_row_kernel<32>
+        <<<row_group_grid<32>(d.b), kThreads, 0, s>>>(x, t, d.b, d.l, w.prow, w.pcnt);
+  else
+    xent_index_row_kernel<kThreads>
+        <<<row_group_grid<kThreads>(d.b), kThreads, 0, s>>>(x, t, d.b, d.l, w.prow, w.pcnt);
+  if (!launched("xent_index_row_kernel")) return;
+  xent_index_finish_kernel<<<1, kThreads, 0, s>>>(w.prow, w.pcnt, d.b, out);
+  launched("xent_index_finish_kernel");
+}
+
+// The number of counted rows, one block, into *count.
+__global__ void xent_index_count_kernel(const int32_t* __restrict__ t, int64_t B, int64_t L,
+                                        double* __restrict__ count) {
+  __shared__ double scratch[33];
+  double n = 0.0;
+  for (int64_t r = threadIdx.x; r < B; r += blockDim.x) n += counted(t[r], L) ? 1.0 : 0.0;
+  n = block_sum(n, scratch);
+  if (threadIdx.x == 0) *count = n;
+}
+
+// dx = k·(softmax(x) − onehot(c)), k = scale / max(count, 1); 0 on rows not
+// counted. p = exp(x − lse) with x − lse formed in double.
+template <int G>
+__global__ void xent_index_grad_kernel(const float* __restrict__ x, const int32_t* __restrict__ t,
+                                       float* __restrict__ dx, int64_t B, int64_t L, double scale,
+                                       const double* __restrict__ count) {
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[33];
+  using RG = RowGroups<G>;
+  const int lane = RG::lane();
+  const float k = static_cast<float>(scale / fmax(*count, 1.0));
+  for (int64_t r = RG::first(); r < B; r += RG::stride()) {
+    const int32_t c = t[r];
+    const float* xr = x + r * L;
+    float* dr = dx + r * L;
+    if (!counted(c, L)) {
+      for (int64_t j = lane; j < L; j += G) dr[j] = 0.0f;
+      continue;
+    }
+    const double lse = group_row_lse<G>(xr, L, lane, fscratch, dscratch);
+    for (int64_t j = lane; j < L; j += G) {
+      const float p = expf(static_cast<float>(static_cast<double>(xr[j]) - lse));
+      dr[j] = k * (j == c ? p - 1.0f : p);
+    }
+  }
+}
+
+void softmax_xent_index_grad(const KernelArgs& a) {
+  if (!f32_only(a, "softmax_xent_index_grad")) return;
+  const Dims d = dims_of(a.in[0]);
+  if (d.b == 0 || d.l == 0) return;
+  const float* x = a.in[0].as<const float>();
+  const int32_t* t = a.in[1].as<const int32_t>();
+  float* dx = a.out[0].as<float>();
+  const cudaStream_t s = stream_of(a);
+  auto* count = static_cast<double*>(a.workspace);
+  xent_index_count_kernel<<<1, kThreads, 0, s>>>(t, d.b, d.l, count);
+  if (!launched("xent_index_count_kernel")) return;
+  const double scale = a.attrs.get("scale", 1.0);
+  if (d.l <= kWarpRowMax)
+    xent_index_grad_kernel<32>
+        <<<row_group_grid<32>(d.b), kThreads, 0, s>>>(x, t, dx, d.b, d.l, scale, count);
+  else
+    xent_index_grad_kernel<kThreads>
+        <<<row_group_grid<kThreads>(d.b), kThreads, 0, s>>>(x, t, dx, d.b, d.l, scale, count);
+  launched("xent_index_grad_kernel");
+}
+
 KernelVariant det(const char* op, KernelFn fn, WorkspaceFn ws) {
   return KernelVariant{op, "cuda", fn, ws, true};
 }
@@ -741,6 +1088,10 @@ std::vector<KernelVariant> cuda_loss_kernels() {
       det("squared_hinge_csr_grad", csr_flat_grad<Kind::hinge>, nullptr),
       det("softmax_xent_csr", softmax_xent_csr, xent_csr_ws),
       det("softmax_xent_csr_grad", softmax_xent_csr_grad, xent_csr_ws),
+      {"mse", "cuda", mse, mse_ws, true, nullptr},
+      {"mse_grad", "cuda", mse_grad, one_double_ws, true, nullptr},
+      {"softmax_xent_index", "cuda", softmax_xent_index, xent_index_ws, true, nullptr},
+      {"softmax_xent_index_grad", "cuda", softmax_xent_index_grad, one_double_ws, true, nullptr},
   };
 }
 

@@ -1294,6 +1294,49 @@ void topk(const KernelArgs& a) {
   launched("topk_extract_kernel");
 }
 
+// ---- scatter_add_rows ---------------------------------------------------------
+//
+// out = dense (a device copy unless in place), then out[rows[1+i]] += g[i]
+// for i < n = rows[0], read on the device: blocks are launched for the
+// capacity R and those past n return at once. The ids are distinct (the
+// producer lists each row once), so no two threads add into one element; a
+// count outside [0, R] is clamped and an id outside [0, F) skipped.
+
+__global__ void scatter_add_rows_kernel(float* __restrict__ out, const int32_t* __restrict__ rows,
+                                        int64_t cap, const float* __restrict__ g, int64_t F,
+                                        int64_t O) {
+  const int64_t c = rows[0];
+  const int64_t n = c < 0 ? 0 : (c > cap ? cap : c);
+  for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
+    const int64_t r = rows[1 + i];
+    if (r < 0 || r >= F) continue;
+    for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < O;
+         o += int64_t{gridDim.x} * blockDim.x)
+      out[r * O + o] += g[i * O + o];
+  }
+}
+
+void scatter_add_rows(const KernelArgs& a) {
+  if (!f32_only(a, "scatter_add_rows")) return;
+  const TensorView& dv = a.in[0];
+  const int64_t F = dv.ndim == 2 ? dv.shape[0] : 0;
+  const int64_t O = dv.ndim == 2 ? dv.shape[1] : 0;
+  const cudaStream_t s = stream_of(a);
+  float* out = a.out[0].as<float>();
+  const float* dense = dv.as<const float>();
+  const size_t bytes = static_cast<size_t>(F * O) * sizeof(float);
+  if (out != dense && bytes > 0 &&
+      !cuda_ok(cudaMemcpyAsync(out, dense, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync"))
+    return;
+  const int64_t cap = a.in[1].numel() - 1;
+  if (cap <= 0 || F == 0 || O == 0) return;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(O, kThreads), 1024)),
+                  static_cast<unsigned>(std::min<int64_t>(cap, 65535)));
+  scatter_add_rows_kernel<<<grid, kThreads, 0, s>>>(out, a.in[1].as<const int32_t>(), cap,
+                                                    a.in[2].as<const float>(), F, O);
+  launched("scatter_add_rows_kernel");
+}
+
 }  // namespace
 }  // namespace cuda
 
@@ -1309,6 +1352,7 @@ std::vector<KernelVariant> cuda_sparse_kernels() {
       {"ffi_grad_input", "deterministic", ffi_grad_input_det, ffi_grad_input_det_ws, true},
       {"ffi_grad_weight", "sddmm", ffi_grad_weight, ffi_grad_weight_ws, true},
       {"topk", "select", topk, topk_ws, true},
+      {"scatter_add_rows", "cuda", scatter_add_rows, nullptr, true, nullptr},
   };
 }
 

@@ -232,6 +232,42 @@ void topk_ref(const KernelArgs& a) {
   with_float(a.in[0].dtype, [&](auto t) { topk<decltype(t)>(a); });
 }
 
+// ---- scatter_add_rows ---------------------------------------------------------
+//
+// out = dense, then out[rows[1+i]] += g[i] for i < n = rows[0]. The producer
+// lists n <= R distinct ids in [0, F); a kernel cannot report an error, so a
+// count outside [0, R] is clamped and an id outside [0, F) skipped rather
+// than written out of bounds. out may be dense itself (in place).
+
+template <class T>
+void scatter_add_rows_t(const KernelArgs& a) {
+  const TensorView& dv = a.in[0];
+  const int64_t f = dv.ndim == 2 ? dv.shape[0] : 0;
+  const int64_t o = dv.ndim == 2 ? dv.shape[1] : 0;
+  const T* dense = dv.as<const T>();
+  T* out = a.out[0].as<T>();
+  if (out != dense) std::copy(dense, dense + f * o, out);
+  const int64_t cap = a.in[1].numel() - 1;
+  if (cap <= 0) return;
+  const int32_t* rows = a.in[1].as<const int32_t>();
+  const int64_t n = std::clamp<int64_t>(rows[0], 0, cap);
+  const T* g = a.in[2].as<const T>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows[1 + i];
+    if (r < 0 || r >= f) continue;
+    for (int64_t j = 0; j < o; ++j)
+      out[r * o + j] =
+          static_cast<T>(static_cast<double>(out[r * o + j]) + static_cast<double>(g[i * o + j]));
+  }
+}
+
+void scatter_add_rows_ref(const KernelArgs& a) {
+  if (a.in[0].dtype == DType::f64)
+    scatter_add_rows_t<double>(a);
+  else
+    scatter_add_rows_t<float>(a);
+}
+
 }  // namespace
 
 std::vector<KernelVariant> ref_sparse_kernels() {
@@ -243,6 +279,7 @@ std::vector<KernelVariant> ref_sparse_kernels() {
       {"ffi_grad_input", "ref", ffi_grad_input_ref, ffi_grad_input_ws, true},
       {"ffi_grad_weight", "ref", ffi_grad_weight_ref, nullptr, true},
       {"topk", "ref", topk_ref, nullptr, true},
+      {"scatter_add_rows", "ref", scatter_add_rows_ref, nullptr, true, nullptr},
   };
 }
 

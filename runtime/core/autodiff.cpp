@@ -7,6 +7,30 @@
 
 namespace pooch {
 
+namespace {
+
+// The gradient of `x`, read by several ops, as the sum of two of theirs. Two
+// dense ones are added. A row-sparse one (a sparse layer's weight gradient)
+// and a dense one (the same weight read by a dense op: tied weights) make a
+// dense sum, the sparse rows added into the dense gradient (in place when
+// nothing else reads it); the optimizer then updates the weight densely.
+TensorId sum_gradients(Graph& g, TensorId x, TensorId a, TensorId b) {
+  const TensorId a_rows = g.tensor(a).sparse_rows, b_rows = g.tensor(b).sparse_rows;
+  if (a_rows == kNoTensor && b_rows == kNoTensor)
+    return g.add_op1("add", {a, b}, {}, grad_name(g, x), Role::gradient);
+  if (a_rows != kNoTensor && b_rows != kNoTensor)
+    throw Error(POOCH_ERR_UNSUPPORTED,
+                fmt::format("'{}' is read by two ops that both give it a row-sparse gradient "
+                            "('{}' and '{}'); summing two row-sparse gradients is not supported",
+                            g.tensor(x).name, g.tensor(a).name, g.tensor(b).name));
+  const TensorId dense = a_rows == kNoTensor ? a : b;
+  const TensorId sparse = a_rows == kNoTensor ? b : a;
+  return g.add_op1("scatter_add_rows", {dense, g.tensor(sparse).sparse_rows, sparse}, {},
+                   grad_name(g, x), Role::gradient);
+}
+
+}  // namespace
+
 std::vector<WeightGrad> build_backward(Graph& g, TensorId loss) {
   const size_t n_fwd = g.nodes().size();
   const size_t n_t = g.num_tensors();
@@ -62,14 +86,7 @@ std::vector<WeightGrad> build_backward(Graph& g, TensorId loss) {
         grad[x] = dx[k];
         continue;
       }
-      // A tensor read by several ops: its gradient is the sum of theirs.
-      if (g.tensor(grad[x]).sparse_rows != kNoTensor || g.tensor(dx[k]).sparse_rows != kNoTensor)
-        throw Error(POOCH_ERR_UNSUPPORTED,
-                    fmt::format("'{}' is used by several ops and has a row-sparse gradient; "
-                                "summing row-sparse gradients is not supported",
-                                g.tensor(static_cast<TensorId>(x)).name));
-      grad[x] = g.add_op1("add", {grad[x], dx[k]}, {}, grad_name(g, static_cast<TensorId>(x)),
-                          Role::gradient);
+      grad[x] = sum_gradients(g, static_cast<TensorId>(x), grad[x], dx[k]);
     }
   }
 

@@ -93,6 +93,168 @@ struct Shape2 {
   bool huge;
 };
 
+std::string shape_label(const Shape& s) {
+  std::string out = "x";  // (appending: GCC 12 warns falsely on "," + string)
+  out += shape_str(s);
+  return out;
+}
+
+int64_t lead_rows(const Shape& s) {
+  int64_t r = 1;
+  for (size_t i = 0; i + 1 < s.size(); ++i) r *= s[i];
+  return r;
+}
+
+// The dense-target losses over x[..., L] of rank 3 and 4: the leading
+// dimensions are rows, so the data are those of a [rows, L] case, reshaped.
+void append_rank_cases(Rng& rng, std::vector<OpCase>& cases) {
+  const Shape shapes[] = {{2, 3, 7}, {2, 2, 3, 5}, {3, 0, 4}, {2, 4, 0}, {1, 1, 1, 1}, {2, 4, 300}};
+  struct LossKind {
+    const char* op;
+    Targets targets;
+  };
+  const LossKind kinds[] = {{"bce_logits", Targets::binary},
+                            {"squared_hinge", Targets::binary},
+                            {"softmax_xent", Targets::weights}};
+  for (const LossKind& k : kinds)
+    for (const Shape& shape : shapes) {
+      const bool hinge = std::string(k.op) == "squared_hinge";
+      const int64_t b = lead_rows(shape), l = shape.back();
+      HostTensor x = logits(rng, b, l, !hinge);
+      HostTensor t = targets(rng, b, l, k.targets);
+      if (hinge) clear_hinge_kink(x, t);
+      x.shape = t.shape = shape;
+      const bool empty = b * l == 0;
+      const std::string label = shape_label(shape) + (hinge ? " |x| to 30" : " |x| to 100");
+      OpCase c;
+      c.op = k.op;
+      c.inputs = {x, t};
+      if (!empty) c.grad_inputs = {0};
+      // As for 1000 labels above: a loss of ~1e4 makes the finite
+      // differences' rounding noise ~1e-6 of the gradient.
+      if (l >= 300) c.fd_tol = 1e-5;
+      c.label = label;
+      cases.push_back(std::move(c));
+      if (shape.size() == 4 || empty) {
+        OpCase g;
+        g.op = std::string(k.op) + "_grad";
+        g.attrs = Attrs{{"scale", 0.37}};
+        g.inputs = {std::move(x), std::move(t)};
+        g.label = label + " scale=0.37";
+        cases.push_back(std::move(g));
+      }
+    }
+}
+
+// Row weights for mse: 1 for real rows, 0 for the padding rows at the end
+// of every second "sequence" of `seq` rows (as a padded batch has them).
+HostTensor row_weights(int64_t rows, int64_t seq, bool all_masked) {
+  HostTensor w{DType::f32, {rows}, std::vector<double>(static_cast<size_t>(rows), 1.0), "w"};
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t pos = seq > 0 ? r % seq : 0, s = seq > 0 ? r / seq : 0;
+    if (all_masked || (s % 2 == 1 && pos >= seq / 2)) w.values[static_cast<size_t>(r)] = 0.0;
+  }
+  return w;
+}
+
+// mse over pred[..., C] with row weights: empty batches, zero-width rows, a
+// single element, rank 2, 3 and 4, an all-padding batch (loss and gradient
+// 0), and padding rows that hold NaN and huge values (they must be ignored).
+void append_mse_cases(Rng& rng, std::vector<OpCase>& cases) {
+  struct MseCase {
+    Shape shape;
+    bool all_masked;
+    bool junk_in_padding;
+  };
+  const MseCase shapes[] = {
+      {{0, 3}, false, false}, {{4, 0}, false, false},    {{1, 1}, false, false},
+      {{5, 6}, false, false}, {{3, 4, 6}, false, true},  {{2, 3, 2, 5}, false, false},
+      {{4, 5}, true, true},   {{2, 0, 3}, false, false}, {{4, 16, 48}, false, true}};
+  for (const MseCase& m : shapes) {
+    const int64_t b = lead_rows(m.shape), c = m.shape.back();
+    HostTensor p = randn(rng, m.shape, "pred", 2.0);
+    HostTensor t = randn(rng, m.shape, "target", 2.0);
+    HostTensor w =
+        row_weights(b, m.shape.size() > 2 ? m.shape[m.shape.size() - 2] : 2, m.all_masked);
+    if (m.junk_in_padding)
+      for (int64_t r = 0; r < b; ++r)
+        if (w.values[static_cast<size_t>(r)] == 0.0)
+          for (int64_t j = 0; j < c; ++j) {
+            const auto i = static_cast<size_t>(r * c + j);
+            p.values[i] = j % 3 == 0 ? std::nan("") : 1e30;
+            t.values[i] = j % 3 == 1 ? -INFINITY : -1e30;
+          }
+    std::string label = shape_label(m.shape);
+    if (m.all_masked) label += " every row padding";
+    if (m.junk_in_padding) label += " NaN/Inf in padding";
+    const bool empty = b * c == 0;
+    OpCase k;
+    k.op = "mse";
+    k.inputs = {p, t, w};
+    if (!empty) k.grad_inputs = {0};
+    k.label = label;
+    cases.push_back(std::move(k));
+    if (empty || m.shape.size() >= 3 || m.all_masked) {
+      OpCase g;
+      g.op = "mse_grad";
+      g.attrs = Attrs{{"scale", 0.37}};
+      g.inputs = {std::move(p), std::move(t), std::move(w)};
+      g.label = label + " scale=0.37";
+      cases.push_back(std::move(g));
+    }
+  }
+}
+
+// softmax_xent_index over logits[..., C] and i32 class ids: ids drawn from
+// [0, C), with -1 (ignored: padding) at every fifth row, and, where `bad`, ids
+// outside [-1, C) that the kernels must treat as ignored without reading out
+// of bounds. Rows up to 2048 wide and wider take different CUDA paths.
+void append_index_cases(Rng& rng, std::vector<OpCase>& cases) {
+  struct IndexCase {
+    Shape shape;
+    bool all_ignored;
+    bool bad;
+  };
+  const IndexCase shapes[] = {{{0, 5}, false, false},      {{3, 0}, false, false},
+                              {{1, 1}, false, false},      {{5, 7}, false, false},
+                              {{2, 3, 9}, false, true},    {{2, 2, 3, 6}, false, false},
+                              {{4, 6}, true, false},       {{32, 1000}, false, false},
+                              {{2, 2, 2100}, false, true}, {{2, 0, 4}, false, false}};
+  for (const IndexCase& k : shapes) {
+    const int64_t b = lead_rows(k.shape), l = k.shape.back();
+    HostTensor x = logits(rng, b, l, true);
+    x.shape = k.shape;
+    const Shape lead(k.shape.begin(), k.shape.end() - 1);
+    HostTensor t{DType::i32, lead, std::vector<double>(static_cast<size_t>(b), -1.0), "class"};
+    std::uniform_int_distribution<int64_t> cls(0, std::max<int64_t>(l - 1, 0));
+    for (int64_t r = 0; r < b; ++r) {
+      double v = l > 0 && r % 5 != 4 ? static_cast<double>(cls(rng)) : -1.0;
+      if (k.all_ignored) v = -1.0;
+      if (k.bad && r % 3 == 1) v = (r / 3) % 2 ? -1000.0 : static_cast<double>(l);
+      t.values[static_cast<size_t>(r)] = v;
+    }
+    std::string label = shape_label(k.shape) + " |x| to 100";
+    if (k.all_ignored) label += " every row ignored";
+    if (k.bad) label += " ids outside [-1, C)";
+    const bool empty = b * l == 0;
+    OpCase c;
+    c.op = "softmax_xent_index";
+    c.inputs = {x, t};
+    if (!empty) c.grad_inputs = {0};
+    if (l >= 1000) c.fd_tol = 1e-5;
+    c.label = label;
+    cases.push_back(std::move(c));
+    if (empty || k.shape.size() >= 3 || k.all_ignored) {
+      OpCase g;
+      g.op = "softmax_xent_index_grad";
+      g.attrs = Attrs{{"scale", 0.37}};
+      g.inputs = {std::move(x), std::move(t)};
+      g.label = label + " scale=0.37";
+      cases.push_back(std::move(g));
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> loss_cases(Rng& rng) {
@@ -183,6 +345,12 @@ std::vector<OpCase> loss_cases(Rng& rng) {
         cases.push_back(std::move(g));
       }
     }
+
+  // Everything below is appended after the cases above, so their data (drawn
+  // from the same stream) stays as it was.
+  append_rank_cases(rng, cases);
+  append_mse_cases(rng, cases);
+  append_index_cases(rng, cases);
   return cases;
 }
 

@@ -8,6 +8,7 @@
 //
 // Each op sweeps an empty batch, a single row, odd sizes that fit no vector
 // width or block, and one shape above the CPU kernels' threading grain.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -246,6 +247,37 @@ void topk_cases(Rng& rng, std::vector<OpCase>& out) {
     out.push_back(topk_case(x, k, "NaN/Inf/-0 k=" + n(k)));
 }
 
+// scatter_add_rows: dense[F,O] + the listed rows of g[R,O]. rows[0] = n, n
+// distinct ids in random order (the kernels may not assume them sorted),
+// then junk in the R - n unused slots (ids of other rows and out-of-range
+// ids) over rows of g that hold NaN: a kernel reading past n shows it.
+void scatter_add_rows_cases(Rng& rng, std::vector<OpCase>& out) {
+  struct S {
+    int64_t f, o, r, n;
+  };
+  const S shapes[] = {{10, 4, 6, 3}, {5, 3, 5, 5}, {8, 6, 4, 0},         {0, 3, 0, 0},
+                      {6, 0, 3, 2},  {1, 1, 1, 1}, {2000, 70, 1200, 970}};
+  for (const S& s : shapes) {
+    std::vector<double> ids(static_cast<size_t>(s.f));
+    for (int64_t i = 0; i < s.f; ++i) ids[static_cast<size_t>(i)] = static_cast<double>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    HostTensor rows{DType::i32, {1 + s.r}, {static_cast<double>(s.n)}, "rows"};
+    for (int64_t i = 0; i < s.n; ++i) rows.values.push_back(ids[static_cast<size_t>(i)]);
+    for (int64_t i = s.n; i < s.r; ++i)
+      rows.values.push_back(i < s.f && i % 2 == 0 ? ids[static_cast<size_t>(i)]
+                                                  : static_cast<double>(i % 3 ? s.f + 1000 : -1));
+    HostTensor g = randn(rng, {s.r, s.o}, "g");
+    for (int64_t i = s.n * s.o; i < s.r * s.o; ++i)
+      g.values[static_cast<size_t>(i)] = std::numeric_limits<double>::quiet_NaN();
+    OpCase c;
+    c.op = "scatter_add_rows";
+    c.inputs = {randn(rng, {s.f, s.o}, "dense"), std::move(rows), std::move(g)};
+    c.label = "F=" + std::to_string(s.f) + " O=" + std::to_string(s.o) +
+              " R=" + std::to_string(s.r) + " n=" + std::to_string(s.n);
+    out.push_back(std::move(c));
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> sparse_cases(Rng& rng) {
@@ -255,6 +287,7 @@ std::vector<OpCase> sparse_cases(Rng& rng) {
   ffi_linear_cases(rng, out);
   ffi_grad_cases(rng, out);
   topk_cases(rng, out);
+  scatter_add_rows_cases(rng, out);  // last: the cases above keep their data
   return out;
 }
 

@@ -1,7 +1,9 @@
 // Loss ops (docs/OPS.md, "Losses"): bce_logits, squared_hinge, softmax_xent
-// and their gradient ops, with dense targets t[B,L], and the same three with
-// the targets as a label CSR (bce_logits_csr, ...: lptr i32[B+1], lidx i32[M],
-// the positive labels of each row). A loss is the root of the backward pass,
+// and their gradient ops, with dense targets t[..., L] (rank 2 to 4, leading
+// dimensions as rows), and the same three with the targets as a label CSR
+// (bce_logits_csr, ...: x[B,L], lptr i32[B+1], lidx i32[M], the positive
+// labels of each row); mse with row weights, and softmax_xent_index with one
+// class id per row. A loss is the root of the backward pass,
 // so its builder needs no incoming gradient: it emits the *_grad op, whose
 // `scale` (1 here) stands in for dL/dloss.
 #include <fmt/format.h>
@@ -18,15 +20,37 @@ bool is_float_operand(DType t) {
   return t == DType::f32 || t == DType::f64;
 }
 
-// x[B,L] and t[B,L] of one float type; returns nothing, throws naming the op.
+// The dense-target losses take x[..., L] of rank 2 to 4: every dimension but
+// the last counts rows (the kernels see [rows, L]).
+constexpr int kMinRank = 2;
+constexpr int kMaxRank = 4;
+
+void expect_rows_rank(std::string_view op, const TensorDesc& t, const char* role) {
+  const auto rank = static_cast<int>(t.shape.size());
+  if (rank < kMinRank || rank > kMaxRank)
+    op_error(op, fmt::format("{} '{}' must have {} to {} dimensions ([..., L]), got {}", role,
+                             t.name, kMinRank, kMaxRank, shape_str(t.shape)));
+}
+
+void expect_float_operand(std::string_view op, const TensorDesc& x, const char* role) {
+  if (!is_float_operand(x.dtype))
+    op_error(op, fmt::format("{} '{}' must be f32 (or f64 for checking), got {}", role, x.name,
+                             dtype_name(x.dtype)));
+}
+
+// Rows of x[..., L]: the product of all dimensions but the last.
+int64_t leading_rows(const TensorDesc& x) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.shape.size(); ++i) rows *= x.shape[i];
+  return rows;
+}
+
+// x[..., L] and t of the same shape and float type; throws naming the op.
 void check_logits_targets(std::string_view op, InDescs in) {
   const TensorDesc& x = *in[0];
   const TensorDesc& t = *in[1];
-  expect_rank(op, x, 2, "logits");
-  expect_rank(op, t, 2, "targets");
-  if (!is_float_operand(x.dtype))
-    op_error(op, fmt::format("logits '{}' must be f32 (or f64 for checking), got {}", x.name,
-                             dtype_name(x.dtype)));
+  expect_rows_rank(op, x, "logits");
+  expect_float_operand(op, x, "logits");
   expect_dtype(op, t, x.dtype, "targets");
   if (x.shape != t.shape)
     op_error(op, fmt::format("logits '{}' {} and targets '{}' {} must have the same shape", x.name,
@@ -58,6 +82,43 @@ void check_logits_label_csr(std::string_view op, InDescs in) {
                              idx.name, shape_str(idx.shape)));
 }
 
+// pred[..., C] float, target of the same shape, row_weight[rows] of the same
+// float type (rows = the product of the leading dimensions).
+void check_mse(std::string_view op, InDescs in) {
+  const TensorDesc& p = *in[0];
+  const TensorDesc& w = *in[2];
+  expect_rows_rank(op, p, "prediction");
+  expect_float_operand(op, p, "prediction");
+  expect_like(op, *in[1], "target", p, "prediction");
+  expect_rank(op, w, 1, "row weights");
+  expect_dtype(op, w, p.dtype, "row weights");
+  if (w.shape[0] != leading_rows(p))
+    op_error(op,
+             fmt::format("row weights '{}' {} must hold one weight per row of prediction "
+                         "'{}' {}: {}",
+                         w.name, shape_str(w.shape), p.name, shape_str(p.shape), leading_rows(p)));
+}
+
+// logits[..., C] float and target i32[...] (the logits' shape without its
+// last dimension). The class ids are data: the session checks them, the
+// kernels ignore a row whose id is outside [0, C).
+void check_index_targets(std::string_view op, InDescs in) {
+  const TensorDesc& x = *in[0];
+  const TensorDesc& t = *in[1];
+  expect_rows_rank(op, x, "logits");
+  expect_float_operand(op, x, "logits");
+  expect_dtype(op, t, DType::i32, "class ids");
+  const Shape lead(x.shape.begin(), x.shape.end() - 1);
+  if (t.shape != lead)
+    op_error(op,
+             fmt::format("class ids '{}' {} must have the shape {} of logits '{}' {} without "
+                         "its last dimension",
+                         t.name, shape_str(t.shape), shape_str(lead), x.name, shape_str(x.shape)));
+  if (static_cast<double>(x.shape.back()) > std::numeric_limits<int32_t>::max())
+    op_error(op, fmt::format("logits '{}' {}: more classes than i32 class ids can name", x.name,
+                             shape_str(x.shape)));
+}
+
 void check_scale(std::string_view op, const Attrs& attrs) {
   const double s = attrs.get("scale", 1.0);
   if (!std::isfinite(s)) op_error(op, fmt::format("attribute scale must be finite, got {}", s));
@@ -69,35 +130,41 @@ struct LossCost {
   double grad;
 };
 
-void add_loss(OpRegistry& r, const std::string& name, LossCost cost) {
+using CheckFn = void (*)(std::string_view op, InDescs in);
+
+// A loss over dense operands: inputs checked by `check` (input 0 the only one
+// differentiated), a scalar output; its gradient op takes the same inputs
+// and `scale`, and returns a tensor shaped as input 0.
+void add_loss(OpRegistry& r, const std::string& name, LossCost cost, int n_inputs = 2,
+              CheckFn check = check_logits_targets) {
   const std::string grad_name = name + "_grad";
 
   OpDef loss;
   loss.name = name;
-  loss.min_inputs = loss.max_inputs = 2;
+  loss.min_inputs = loss.max_inputs = n_inputs;
   loss.is_loss = true;
-  loss.infer = [name](InDescs in, const Attrs&) -> std::vector<OutSpec> {
-    check_logits_targets(name, in);
+  loss.infer = [name, check](InDescs in, const Attrs&) -> std::vector<OutSpec> {
+    check(name, in);
     return {OutSpec{in[0]->dtype, Shape{}}};
   };
   loss.flops = [cost](InDescs in, InDescs, const Attrs&) {
     return cost.fwd * static_cast<double>(in[0]->numel());
   };
-  // Targets are data: only the logits get a gradient.
+  // Targets (and row weights) are data: only input 0 gets a gradient.
   loss.backward = [grad_name](Graph& g, const Node& fwd, std::span<const TensorId>,
                               const std::vector<char>& needs, std::span<TensorId> dx) {
     if (needs.empty() || !needs[0]) return;
     const TensorId x = fwd.inputs[0];
-    dx[0] = g.add_op1(grad_name, {x, fwd.inputs[1]}, Attrs{{"scale", 1.0}},
+    dx[0] = g.add_op1(grad_name, fwd.inputs, Attrs{{"scale", 1.0}},
                       g.unique_name(g.tensor(x).name + ".grad"), Role::gradient);
   };
   r.add(std::move(loss));
 
   OpDef grad;
   grad.name = grad_name;
-  grad.min_inputs = grad.max_inputs = 2;
-  grad.infer = [grad_name](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
-    check_logits_targets(grad_name, in);
+  grad.min_inputs = grad.max_inputs = n_inputs;
+  grad.infer = [grad_name, check](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
+    check(grad_name, in);
     check_scale(grad_name, attrs);
     return {OutSpec{in[0]->dtype, in[0]->shape}};
   };
@@ -160,6 +227,12 @@ void register_loss_ops(OpRegistry& r) {
   // softmax: max, exp(x - m) summed, t*(lse - x) summed; the gradient
   // recomputes the normaliser, sums t and forms p*sum(t) - t, scaled.
   add_loss(r, "softmax_xent", {7, 10});
+  // mse: subtract, square, accumulate, the row weight once per row; its
+  // gradient a subtract and two multiplies.
+  add_loss(r, "mse", {3, 3}, 3, check_mse);
+  // softmax with one class id per row: max, exp(x - m) summed; the gradient
+  // recomputes both and forms the scaled softmax.
+  add_loss(r, "softmax_xent_index", {4, 7}, 2, check_index_targets);
   // The label-CSR forms: one elementwise pass at t = 0 plus corrections at
   // the listed labels.
   add_csr_loss(r, "bce_logits_csr", {8, 5});

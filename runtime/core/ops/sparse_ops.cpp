@@ -264,12 +264,53 @@ void add_topk(OpRegistry& r) {
   r.add(std::move(d));
 }
 
+// ---- a row-sparse gradient added into a dense one ----------------------------
+
+// dense[F,O] + the rows of a row-sparse tensor (rows i32[1+R], g[R,O], as
+// sparse_linear_grad_weight writes them): autodiff's sum of the gradients of
+// a weight read both densely and as a sparse layer's weight (tied weights).
+void add_scatter_add_rows(OpRegistry& r) {
+  OpDef d;
+  d.name = "scatter_add_rows";
+  d.min_inputs = d.max_inputs = 3;  // dense, rows, g
+  d.inplace_input = 0;
+  d.infer = [](InDescs in, const Attrs&) -> std::vector<OutSpec> {
+    const std::string_view op = "scatter_add_rows";
+    const TensorDesc& dense = *in[0];
+    const TensorDesc& rows = *in[1];
+    const TensorDesc& g = *in[2];
+    expect_rank(op, dense, 2, "dense tensor");
+    expect_float(op, dense, "dense tensor");
+    if (static_cast<double>(dense.shape[0]) > kInt32Max + 1)
+      op_error(op, fmt::format("dense tensor '{}' {} has more rows than i32 row ids can address",
+                               dense.name, shape_str(dense.shape)));
+    expect_rank(op, rows, 1, "rows");
+    expect_dtype(op, rows, DType::i32, "rows");
+    if (rows.shape[0] < 1)
+      op_error(op, fmt::format("rows '{}' {} must hold at least the count rows[0]", rows.name,
+                               shape_str(rows.shape)));
+    expect_rank(op, g, 2, "row gradient");
+    expect_dtype(op, g, dense.dtype, "row gradient");
+    if (g.shape[0] != rows.shape[0] - 1 || g.shape[1] != dense.shape[1])
+      op_error(op,
+               fmt::format("row gradient '{}' {} must be [{},{}]: one row per slot of rows "
+                           "'{}' {} and the width of dense tensor '{}' {}",
+                           g.name, shape_str(g.shape), rows.shape[0] - 1, dense.shape[1], rows.name,
+                           shape_str(rows.shape), dense.name, shape_str(dense.shape)));
+    return {OutSpec{dense.dtype, dense.shape}};
+  };
+  // One add per element of g (at most; only the listed rows are added).
+  d.flops = [](InDescs in, InDescs, const Attrs&) { return numel(in[2]); };
+  r.add(std::move(d));
+}
+
 }  // namespace
 
 void register_sparse_ops(OpRegistry& r) {
   add_sparse_linear(r);
   add_ffi(r);
   add_topk(r);
+  add_scatter_add_rows(r);
 }
 
 }  // namespace pooch
