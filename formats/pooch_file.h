@@ -48,6 +48,11 @@ inline constexpr std::string_view kLr = "train.lr";
 inline constexpr std::string_view kLrSchedule = "train.lr_schedule";
 inline constexpr std::string_view kLrScheduleState = "train.lr_schedule.state";
 inline constexpr std::string_view kOptimizer = "train.optimizer";
+inline constexpr std::string_view kLossSum = "train.loss_sum";  // of the epoch's batches so far
+inline constexpr std::string_view kFinished = "train.finished";  // early stopping ended the run
+inline constexpr std::string_view kModelSpec = "model.spec";      // the family's spec (JSON)
+inline constexpr std::string_view kModelFamily = "model.family";  // "xmc", "mlp", ...
+inline constexpr std::string_view kModelIo = "model.io";  // inputs, outputs, losses (JSON)
 }  // namespace meta_keys
 
 // The on-disk type tags of metadata values.

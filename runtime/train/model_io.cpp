@@ -114,8 +114,8 @@ std::shared_ptr<Model> model_from_io(const PoochFile& f, const std::string& text
       throw Error(POOCH_ERR_BAD_INPUT,
                   fmt::format("{}: input '{}' is not an input tensor of the graph", src, t.name));
   const Metadata& meta = f.metadata();
-  if (meta.has(model_keys::kFamily)) m->family = meta.get_string(model_keys::kFamily);
-  if (meta.has(model_keys::kSpec)) m->spec_json = meta.get_string(model_keys::kSpec);
+  if (meta.has(meta_keys::kModelFamily)) m->family = meta.get_string(meta_keys::kModelFamily);
+  if (meta.has(meta_keys::kModelSpec)) m->spec_json = meta.get_string(meta_keys::kModelSpec);
   return m;
 }
 
@@ -127,9 +127,9 @@ void save_session(const Session& s, const std::string& path, bool checkpoint,
   const Model& model = s.model();
   Metadata meta = extra;
   meta.set_string(meta_keys::kKind, checkpoint ? "checkpoint" : "model");
-  if (!model.spec_json.empty()) meta.set_string(model_keys::kSpec, model.spec_json);
-  if (!model.family.empty()) meta.set_string(model_keys::kFamily, model.family);
-  meta.set_string(model_keys::kIo, io_to_json(model, g));
+  if (!model.spec_json.empty()) meta.set_string(meta_keys::kModelSpec, model.spec_json);
+  if (!model.family.empty()) meta.set_string(meta_keys::kModelFamily, model.family);
+  meta.set_string(meta_keys::kModelIo, io_to_json(model, g));
   meta.set_u64(meta_keys::kStep, s.optimizer_step());
   // On the CPU the arena is host memory: the writer reads the tensors in
   // place. Elsewhere each is copied out first (the file's size in host memory).
@@ -153,18 +153,18 @@ LoadedFile load_model_file(const std::string& path) {
   PoochFile f = read_pooch_file(path);
   LoadedFile out{std::move(f), nullptr, false, {}, false, {}};
   const Metadata& meta = out.file.metadata();
-  if (meta.has(model_keys::kSpec)) {
-    out.spec = spec_from_json(meta.get_string(model_keys::kSpec), path + " (model.spec)");
+  if (meta.has(meta_keys::kModelSpec)) {
+    out.spec = spec_from_json(meta.get_string(meta_keys::kModelSpec), path + " (model.spec)");
     out.has_spec = true;
   }
-  if (meta.has(model_keys::kIo))
-    out.model = model_from_io(out.file, meta.get_string(model_keys::kIo));
+  if (meta.has(meta_keys::kModelIo))
+    out.model = model_from_io(out.file, meta.get_string(meta_keys::kModelIo));
   else if (out.has_spec)
     out.model = build_model(out.spec);  // written before model.io: an xmc model
   else
     throw Error(POOCH_ERR_BAD_INPUT,
                 fmt::format("{}: not a pooch model or checkpoint (no '{}' or '{}' metadata)", path,
-                            model_keys::kIo, model_keys::kSpec));
+                            meta_keys::kModelIo, meta_keys::kModelSpec));
   out.checkpoint = meta.has(meta_keys::kKind) && meta.get_string(meta_keys::kKind) == "checkpoint";
   if (out.checkpoint && meta.has(meta_keys::kOptimizer))
     out.optimizer = optimizer_from_json(meta.get_string(meta_keys::kOptimizer), path);

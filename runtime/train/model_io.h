@@ -17,16 +17,6 @@
 
 namespace pooch {
 
-// The metadata keys the model files and the trainer's checkpoints use.
-namespace model_keys {
-inline constexpr std::string_view kSpec = "model.spec";      // the family's spec (JSON)
-inline constexpr std::string_view kFamily = "model.family";  // "xmc", "mlp", ...
-inline constexpr std::string_view kIo = "model.io";          // inputs, outputs, losses (JSON)
-inline constexpr std::string_view kLossSum = "train.loss_sum";
-inline constexpr std::string_view kFinished = "train.finished";
-}  // namespace model_keys
-inline constexpr std::string_view kMetaModelSpec = model_keys::kSpec;
-
 // Writes the session's weights (and with `checkpoint`, its optimizer state)
 // atomically; `extra` metadata (trainer state) is added.
 void save_session(const Session& s, const std::string& path, bool checkpoint,

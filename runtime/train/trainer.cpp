@@ -58,18 +58,18 @@ void put_state(Metadata& m, const TrainerState& s, const TrainConfig& cfg) {
   m.set_i64(meta_keys::kEpoch, s.epoch);
   m.set_i64(meta_keys::kDataPosition, s.position);
   m.set_u64(meta_keys::kDataSeed, cfg.data_seed);
-  m.set_f64(model_keys::kLossSum, s.loss_sum);
+  m.set_f64(meta_keys::kLossSum, s.loss_sum);
   m.set_f64_array(meta_keys::kLrScheduleState,
                   {s.plateau_scale, s.best, static_cast<double>(s.bad_epochs),
                    static_cast<double>(s.plateau_bad)});
-  m.set_bool(model_keys::kFinished, s.finished);
+  m.set_bool(meta_keys::kFinished, s.finished);
 }
 
 TrainerState get_state(const Metadata& m) {
   TrainerState s;
   s.epoch = m.get_i64(meta_keys::kEpoch);
   s.position = m.get_i64(meta_keys::kDataPosition);
-  s.loss_sum = m.get_f64(model_keys::kLossSum);
+  s.loss_sum = m.get_f64(meta_keys::kLossSum);
   const auto& lr = m.get_f64_array(meta_keys::kLrScheduleState);
   if (lr.size() != 4)
     throw Error(POOCH_ERR_BAD_INPUT,
@@ -79,7 +79,7 @@ TrainerState get_state(const Metadata& m) {
   s.best = lr[1];
   s.bad_epochs = static_cast<int>(lr[2]);
   s.plateau_bad = static_cast<int>(lr[3]);
-  s.finished = m.get_bool(model_keys::kFinished);
+  s.finished = m.get_bool(meta_keys::kFinished);
   return s;
 }
 
