@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "error.h"
 #include "op_registry.h"
 
@@ -9,25 +11,55 @@ namespace pooch {
 
 namespace {
 
-// The gradient of `x`, read by several ops, as the sum of two of theirs. Two
-// dense ones are added. A row-sparse one (a sparse layer's weight gradient)
-// and a dense one (the same weight read by a dense op: tied weights) make a
-// dense sum, the sparse rows added into the dense gradient (in place when
-// nothing else reads it); the optimizer then updates the weight densely.
-TensorId sum_gradients(Graph& g, TensorId x, TensorId a, TensorId b) {
-  const TensorId a_rows = g.tensor(a).sparse_rows, b_rows = g.tensor(b).sparse_rows;
-  if (a_rows == kNoTensor && b_rows == kNoTensor)
-    return g.add_op1("add", {a, b}, {}, grad_name(g, x), Role::gradient);
-  if (a_rows != kNoTensor && b_rows != kNoTensor)
-    throw Error(POOCH_ERR_UNSUPPORTED,
-                fmt::format("'{}' is read by two ops that both give it a row-sparse gradient "
-                            "('{}' and '{}'); summing two row-sparse gradients is not supported",
-                            g.tensor(x).name, g.tensor(a).name, g.tensor(b).name));
-  const TensorId dense = a_rows == kNoTensor ? a : b;
-  const TensorId sparse = a_rows == kNoTensor ? b : a;
+bool row_sparse(const Graph& g, TensorId t) {
+  return g.tensor(t).sparse_rows != kNoTensor;
+}
+
+// dense + the rows of a row-sparse gradient, as a dense gradient of x.
+TensorId scatter_into(Graph& g, TensorId x, TensorId dense, TensorId sparse) {
   return g.add_op1("scatter_add_rows", {dense, g.tensor(sparse).sparse_rows, sparse}, {},
                    grad_name(g, x), Role::gradient);
 }
+
+// The gradients of one tensor read by several ops, summed as they arrive.
+// Two dense ones are added. A row-sparse one (a sparse layer's weight
+// gradient) and a dense one (the same weight read by a dense op: tied
+// weights) make a dense sum, the rows added into the dense gradient (in
+// place when nothing else reads it); the optimizer then updates the weight
+// densely. Row-sparse gradients that meet no dense one yet wait for it.
+struct GradSum {
+  TensorId sum = kNoTensor;       // dense, or the first row-sparse one
+  std::vector<TensorId> waiting;  // further row-sparse ones
+
+  void add(Graph& g, TensorId x, TensorId d) {
+    if (sum == kNoTensor) {
+      sum = d;
+      return;
+    }
+    const bool sum_sparse = row_sparse(g, sum), d_sparse = row_sparse(g, d);
+    if (sum_sparse && d_sparse) {
+      waiting.push_back(d);
+      return;
+    }
+    if (!sum_sparse && !d_sparse)
+      sum = g.add_op1("add", {sum, d}, {}, grad_name(g, x), Role::gradient);
+    else
+      sum = sum_sparse ? scatter_into(g, x, d, sum) : scatter_into(g, x, sum, d);
+    for (TensorId w : waiting) sum = scatter_into(g, x, sum, w);
+    waiting.clear();
+  }
+
+  // Every gradient of x, summed; called once all have arrived.
+  TensorId total(const Graph& g, TensorId x) const {
+    if (!waiting.empty())
+      throw Error(POOCH_ERR_UNSUPPORTED,
+                  fmt::format("'{}' is read by {} ops that give it a row-sparse gradient and by "
+                              "none that gives it a dense one; summing row-sparse gradients "
+                              "alone is not supported",
+                              g.tensor(x).name, waiting.size() + 1));
+    return sum;
+  }
+};
 
 }  // namespace
 
@@ -58,7 +90,7 @@ std::vector<WeightGrad> build_backward(Graph& g, TensorId loss) {
       for (TensorId o : nd.outputs) depends[static_cast<size_t>(o)] = 1;
   }
 
-  std::vector<TensorId> grad(n_t, kNoTensor);
+  std::vector<GradSum> grad(n_t);
   for (int i = loss_node; i >= 0; --i) {
     const Node fwd = g.nodes()[static_cast<size_t>(i)];  // a copy: add_op grows nodes
     const OpDef& def = op_registry().get(fwd.op);
@@ -66,8 +98,9 @@ std::vector<WeightGrad> build_backward(Graph& g, TensorId loss) {
     std::vector<TensorId> dy;
     bool any_dy = i == loss_node;
     for (TensorId o : fwd.outputs) {
-      dy.push_back(grad[static_cast<size_t>(o)]);
-      any_dy = any_dy || grad[static_cast<size_t>(o)] != kNoTensor;
+      // Every reader of o comes after this node: all its gradients are in.
+      dy.push_back(grad[static_cast<size_t>(o)].total(g, o));
+      any_dy = any_dy || dy.back() != kNoTensor;
     }
     if (!any_dy) continue;
     std::vector<char> needs;
@@ -81,19 +114,17 @@ std::vector<WeightGrad> build_backward(Graph& g, TensorId loss) {
     def.backward(g, fwd, dy, needs, dx);
     for (size_t k = 0; k < dx.size(); ++k) {
       if (dx[k] == kNoTensor || !needs[k]) continue;
-      const auto x = static_cast<size_t>(fwd.inputs[k]);
-      if (grad[x] == kNoTensor) {
-        grad[x] = dx[k];
-        continue;
-      }
-      grad[x] = sum_gradients(g, static_cast<TensorId>(x), grad[x], dx[k]);
+      grad[static_cast<size_t>(fwd.inputs[k])].add(g, fwd.inputs[k], dx[k]);
     }
   }
 
   std::vector<WeightGrad> out;
-  for (size_t t = 0; t < n_t; ++t)
-    if (g.tensor(static_cast<TensorId>(t)).trainable && grad[t] != kNoTensor)
-      out.push_back({static_cast<TensorId>(t), grad[t]});
+  for (size_t t = 0; t < n_t; ++t) {
+    const auto id = static_cast<TensorId>(t);
+    if (!g.tensor(id).trainable) continue;
+    const TensorId total = grad[t].total(g, id);
+    if (total != kNoTensor) out.push_back({id, total});
+  }
   return out;
 }
 

@@ -1,6 +1,9 @@
 // Reverse-mode differentiation over the static graph: appends the backward
 // ops of every forward node that lies on a path from a trainable weight to
-// the loss, summing gradients where a tensor feeds several ops.
+// the loss, summing gradients where a tensor feeds several ops (`add` for two
+// dense ones; `scatter_add_rows` for a row-sparse one and a dense one, as a
+// weight tied between a sparse_linear and a linear has; row-sparse
+// gradients with no dense one to add them into are refused).
 #pragma once
 #include <utility>
 #include <vector>

@@ -258,8 +258,51 @@ TEST(Autodiff, WeightReadTwiceDenselyGetsTheSumOfBothGradients) {
   expect_gradient_matches(g, run, n_fwd, loss, w, grads[0].grad);
 }
 
-// Two sparse layers sharing one weight: refused with the weight's name.
-TEST(Autodiff, TwoRowSparseGradientsOfOneWeightAreRefused) {
+// The weight of two sparse layers, also read densely before them: the two
+// row-sparse gradients arrive first (the backward pass walks the graph from
+// the end) and wait for the dense one, into which both are added.
+TEST(Autodiff, TwoRowSparseGradientsAreAddedIntoALaterDenseOne) {
+  Graph g;
+  const int64_t B = 2, F = 5, O = 3, N = 4;
+  const TensorId ptr = g.add_tensor({"ptr", DType::i32, {B + 1}, Role::input});
+  const TensorId idx = g.add_tensor({"idx", DType::i32, {N}, Role::input});
+  const TensorId val = g.add_tensor({"val", DType::f64, {N}, Role::input});
+  const TensorId x = g.add_tensor({"x", DType::f64, {B, O}, Role::input});
+  const TensorId t = g.add_tensor({"t", DType::f64, {B, O}, Role::input});
+  const TensorId w = weight64(g, "emb", {F, O}), b = weight64(g, "b", {O});
+  const TensorId v = weight64(g, "v", {O, F});
+  const TensorId u = g.add_op1("linear", {g.add_op1("linear", {x, w}), v});  // w read densely
+  const TensorId h1 = g.add_op1("sparse_linear", {ptr, idx, val, w, b});
+  const TensorId h2 = g.add_op1("sparse_linear", {ptr, idx, val, w, b});
+  const TensorId s = g.add_op1("add", {g.add_op1("add", {h1, g.add_op1("gelu", {h2})}), u});
+  const TensorId loss = g.add_op1("bce_logits", {s, t});
+  const size_t n_fwd = g.nodes().size();
+  const auto grads = build_backward(g, loss);
+  TensorId gw = kNoTensor;
+  for (const WeightGrad& wg : grads)
+    if (wg.weight == w) gw = wg.grad;
+  ASSERT_NE(gw, kNoTensor);
+  EXPECT_EQ(g.tensor(gw).sparse_rows, kNoTensor);
+  EXPECT_EQ(count_ops(g, "scatter_add_rows"), 2);
+
+  RefRun run(g);
+  const int32_t p[] = {0, 2, 3};
+  const int32_t ids[] = {3, 0, 3, 1};
+  std::copy(std::begin(p), std::end(p), run.data<int32_t>(ptr));
+  std::copy(std::begin(ids), std::end(ids), run.data<int32_t>(idx));
+  fill(run, g, val, 2.0, 6);
+  fill(run, g, x, 2.0, 7);
+  fill(run, g, w, 1.5, 8);
+  fill(run, g, b, 0.5, 9);
+  fill(run, g, v, 1.0, 10);
+  double* tv = run.data<double>(t);
+  for (int i = 0; i < B * O; ++i) tv[i] = i % 2;
+  expect_gradient_matches(g, run, n_fwd, loss, w, gw);
+}
+
+// Two sparse layers sharing one weight, read by nothing dense: refused with
+// the weight's name.
+TEST(Autodiff, RowSparseGradientsAloneAreRefused) {
   Graph g;
   const TensorId ptr = g.add_tensor({"ptr", DType::i32, {3}, Role::input});
   const TensorId idx = g.add_tensor({"idx", DType::i32, {4}, Role::input});
