@@ -45,7 +45,7 @@ std::unique_ptr<Model> build_mlp_model(const ModelSpec& spec) {
     loss = g.add_op1("mse", {pred, y, rw}, {}, "loss");
   } else {
     const TensorId c = g.add_tensor({"batch.class", DType::i32, {B}, Role::input});
-    m->inputs.push_back({"batch.class", c, 0, -1.0});
+    m->inputs.push_back({"batch.class", c, 0, -1.0, false, N});
     loss = g.add_op1("softmax_xent_index", {pred, c}, {}, "loss");
   }
   g.mark_output(pred);

@@ -26,6 +26,9 @@ struct IoTensor {
   // A row mask the session fills itself: 1 for each row the caller passed,
   // `pad` for the rest (callers need not set it).
   bool row_mask = false;
+  // > 0: an i32 input of ids (class targets) whose values must lie in
+  // [-1, index_bound) (-1: ignore the row); set_input refuses others.
+  int64_t index_bound = 0;
 };
 
 // How a weight starts. The values are drawn from the seed and `stream`, a

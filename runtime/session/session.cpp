@@ -175,6 +175,15 @@ void Session::set_input(std::string_view name, const void* data, size_t bytes) {
                             d.name, dtype_name(d.dtype), shape_str(d.shape), max_rows, row_bytes,
                             bytes));
   const auto rows = static_cast<int64_t>(bytes / row_bytes);
+  if (io->index_bound > 0 && d.dtype == DType::i32) {
+    // Ids index the loss's classes: one out of range would be silently ignored.
+    const auto* ids = static_cast<const int32_t*>(data);
+    for (size_t i = 0; i < bytes / 4; ++i)
+      if (ids[i] < -1 || ids[i] >= io->index_bound)
+        throw Error(POOCH_ERR_BAD_INPUT,
+                    fmt::format("input '{}', row {}: id {} is outside [-1, {})", d.name,
+                                i / (row_bytes / 4), ids[i], io->index_bound));
+  }
   if (bytes) std::memcpy(dst, data, bytes);
   fill(dst + bytes, d.dtype, (d.bytes() - bytes) / dtype_size(d.dtype), io->pad);
   rows_ = rows;

@@ -64,7 +64,8 @@ std::string io_to_json(const Model& m, const Graph& full) {
                    {"tensor", full.tensor(t.id).name},
                    {"batch_dim", t.batch_dim},
                    {"pad", t.pad},
-                   {"row_mask", t.row_mask}});
+                   {"row_mask", t.row_mask},
+                   {"index_bound", t.index_bound}});
     return a;
   };
   nlohmann::json losses = nlohmann::json::array();
@@ -99,7 +100,7 @@ std::shared_ptr<Model> model_from_io(const PoochFile& f, const std::string& text
       for (const auto& e : a)
         out.push_back({e.at("name").get<std::string>(), tensor(e.at("tensor").get<std::string>()),
                        e.at("batch_dim").get<int>(), e.at("pad").get<double>(),
-                       e.at("row_mask").get<bool>()});
+                       e.at("row_mask").get<bool>(), e.value("index_bound", int64_t{0})});
     };
     list(j.at("inputs"), m->inputs);
     list(j.at("outputs"), m->outputs);

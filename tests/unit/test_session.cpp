@@ -242,6 +242,15 @@ TEST(Session, AnMlpClassifierIgnoresPaddingRows) {
   s.get_output("loss", &l10, 4);
   EXPECT_GT(l10, 0.5f);
   EXPECT_LT(l10, 2.0f);  // about log 3 at the start
+  cls[3] = 3;  // no such class
+  try {
+    s.set_input("batch.class", cls.data(), 10 * 4);
+    FAIL() << "accepted class 3 of 3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 3"), std::string::npos) << e.what();
+  }
+  cls[3] = 0;
+  s.set_input("batch.class", cls.data(), 10 * 4);
   float first = 0, last = 0;
   for (int step = 0; step < 200; ++step) {
     s.run(ProgramKind::train_step);
