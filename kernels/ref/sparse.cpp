@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../common/supports.h"
 #include "ref_kernels.h"
 
 namespace pooch::kern {
@@ -232,17 +233,26 @@ void topk_ref(const KernelArgs& a) {
   with_float(a.in[0].dtype, [&](auto t) { topk<decltype(t)>(a); });
 }
 
+// f32 or f64 throughout; the FFI index u16 or i32 (input 1, or 2 for
+// ffi_grad_weight).
+bool supports_ffi_index1(const KernelArgs& a) {
+  return ref_float_operands(a) && is_index_dtype(a.in[1].dtype);
+}
+bool supports_ffi_index2(const KernelArgs& a) {
+  return ref_float_operands(a) && is_index_dtype(a.in[2].dtype);
+}
+
 }  // namespace
 
 std::vector<KernelVariant> ref_sparse_kernels() {
   return {
-      {"sparse_linear", "ref", sparse_linear_ref, nullptr, true},
+      {"sparse_linear", "ref", sparse_linear_ref, nullptr, true, ref_float_operands},
       {"sparse_linear_grad_weight", "ref", sparse_linear_grad_weight_ref,
-       sparse_linear_grad_weight_ws, true},
-      {"ffi_linear", "ref", ffi_linear_ref, nullptr, true},
-      {"ffi_grad_input", "ref", ffi_grad_input_ref, ffi_grad_input_ws, true},
-      {"ffi_grad_weight", "ref", ffi_grad_weight_ref, nullptr, true},
-      {"topk", "ref", topk_ref, nullptr, true},
+       sparse_linear_grad_weight_ws, true, ref_float_operands},
+      {"ffi_linear", "ref", ffi_linear_ref, nullptr, true, supports_ffi_index1},
+      {"ffi_grad_input", "ref", ffi_grad_input_ref, ffi_grad_input_ws, true, supports_ffi_index1},
+      {"ffi_grad_weight", "ref", ffi_grad_weight_ref, nullptr, true, supports_ffi_index2},
+      {"topk", "ref", topk_ref, nullptr, true, ref_float_operands},
   };
 }
 
