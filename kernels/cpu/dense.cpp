@@ -385,27 +385,45 @@ void reshape(const KernelArgs& a) {
   }
 }
 
-// transpose: threads over the output's rows (its three leading dimensions);
-// each row reads the input at the stride of the dimension it walks.
+// transpose. When the last dimension keeps its place, each output row is a
+// contiguous input row (a memcpy per row). Otherwise the output's last two
+// dimensions are walked in square tiles: the tile's reads touch kTile input
+// lines that stay in L1 while the tile's rows are written, instead of one
+// line per element. Threads take whole tiles (or rows).
+constexpr int64_t kTransposeTile = 32;
+
 template <class E>
 void transpose_elems(const KernelArgs& a) {
   const Permutation p = permutation_of(a);
   const E* x = a.in[0].as<const E>();
   E* y = a.out[0].as<E>();
-  const int64_t n3 = p.shape[3], s3 = p.stride[3];
-  const int64_t rows = p.shape[0] * p.shape[1] * p.shape[2];
-  if (rows == 0 || n3 == 0) return;
-#pragma omp parallel for num_threads(threads_of(a)) if (rows * n3 > kGrainCheap) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i2 = r % p.shape[2], i1 = r / p.shape[2] % p.shape[1],
-                  i0 = r / (p.shape[2] * p.shape[1]);
-    const E* src = x + i0 * p.stride[0] + i1 * p.stride[1] + i2 * p.stride[2];
-    E* dst = y + r * n3;
-    if (s3 == 1) {
-      std::memcpy(dst, src, static_cast<size_t>(n3) * sizeof(E));
-    } else {
-      for (int64_t i = 0; i < n3; ++i) dst[i] = src[i * s3];
+  const int64_t n2 = p.shape[2], n3 = p.shape[3], s2 = p.stride[2], s3 = p.stride[3];
+  const int64_t outer = p.shape[0] * p.shape[1];
+  if (p.numel() == 0) return;
+  const int nt = threads_of(a);
+  if (s3 == 1) {
+    const int64_t rows = outer * n2;
+#pragma omp parallel for num_threads(nt) if (rows * n3 > kGrainCheap) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i2 = r % n2, i1 = r / n2 % p.shape[1], i0 = r / (n2 * p.shape[1]);
+      std::memcpy(y + r * n3, x + i0 * p.stride[0] + i1 * p.stride[1] + i2 * s2,
+                  static_cast<size_t>(n3) * sizeof(E));
     }
+    return;
+  }
+  const int64_t t2 = (n2 + kTransposeTile - 1) / kTransposeTile;
+  const int64_t t3 = (n3 + kTransposeTile - 1) / kTransposeTile;
+  const int64_t tiles = outer * t2 * t3;
+#pragma omp parallel for num_threads(nt) if (p.numel() > kGrainCheap) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t b3 = t % t3, b2 = t / t3 % t2, o = t / (t3 * t2);
+    const int64_t i1 = o % p.shape[1], i0 = o / p.shape[1];
+    const E* src = x + i0 * p.stride[0] + i1 * p.stride[1];
+    E* dst = y + o * n2 * n3;
+    const int64_t a2 = b2 * kTransposeTile, e2 = std::min(n2, a2 + kTransposeTile);
+    const int64_t a3 = b3 * kTransposeTile, e3 = std::min(n3, a3 + kTransposeTile);
+    for (int64_t i2 = a2; i2 < e2; ++i2)
+      for (int64_t i3 = a3; i3 < e3; ++i3) dst[i2 * n3 + i3] = src[i2 * s2 + i3 * s3];
   }
 }
 
