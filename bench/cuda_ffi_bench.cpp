@@ -161,6 +161,7 @@ struct Bench {
     KernelArgs probe = a;
     for (int i = 0; i < a.n_in; ++i) probe.in[i].data = nullptr;
     for (int i = 0; i < a.n_out; ++i) probe.out[i].data = nullptr;
+    probe.device = be.kernel_device();  // sized for this device, as the planner does
     const size_t ws = k.workspace ? k.workspace(probe) : 0;
     a.workspace = ws ? arena.take(ws) : nullptr;
     a.workspace_bytes = ws;

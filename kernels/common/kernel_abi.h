@@ -29,8 +29,13 @@ struct TensorView {
     return n;
   }
   int64_t dim(int i) const { return i < 0 ? shape[ndim + i] : shape[i]; }
-  // Product of all dimensions but the last: the "rows" of a row-major matrix.
-  int64_t rows() const { return ndim == 0 ? 1 : numel() / (shape[ndim - 1] ? shape[ndim - 1] : 1); }
+  // Product of all dimensions but the last: the "rows" of a row-major matrix
+  // (3 for a [3, 0] tensor: its rows exist, they are empty).
+  int64_t rows() const {
+    int64_t n = 1;
+    for (int i = 0; i + 1 < ndim; ++i) n *= shape[i];
+    return n;
+  }
   int64_t cols() const { return ndim == 0 ? 1 : shape[ndim - 1]; }
   template <class T>
   T* as() const { return static_cast<T*>(data); }

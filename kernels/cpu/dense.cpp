@@ -17,8 +17,12 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
+#include "../common/permute.h"
 #include "../common/philox.h"
+#include "../common/supports.h"
 #include "cpu_kernels.h"
 
 namespace pooch::kern {
@@ -63,13 +67,14 @@ void fill_zero(float* p, int64_t n) {
   std::fill(p, p + n, 0.0f);
 }
 
-// y[B,O] = x[B,I]·W[O,I]ᵀ (+ b[O]).
+// y[B,O] = x[B,I]·W[O,I]ᵀ (+ b[O]); x[..., I] of any rank is B rows (the
+// product of its leading dimensions), so rank 2 is exactly the plain GEMM.
 void linear(const KernelArgs& a) {
   const float* x = a.in[0].as<float>();
   const float* w = a.in[1].as<float>();
   const float* bias = a.n_in > 2 ? a.in[2].as<float>() : nullptr;
   float* y = a.out[0].as<float>();
-  const int64_t B = a.in[0].dim(0), I = a.in[0].dim(1), O = a.in[1].dim(0);
+  const int64_t B = a.in[0].rows(), I = a.in[0].cols(), O = a.in[1].dim(0);
   if (B == 0 || O == 0) return;
   // The bias is written first and the GEMM accumulates onto it (beta = 1),
   // which saves a second pass over y.
@@ -89,7 +94,7 @@ void linear_grad_input(const KernelArgs& a) {
   const float* dy = a.in[0].as<float>();
   const float* w = a.in[1].as<float>();
   float* dx = a.out[0].as<float>();
-  const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+  const int64_t B = a.in[0].rows(), O = a.in[0].cols(), I = a.in[1].dim(1);
   if (B == 0 || I == 0) return;
   if (O == 0) return fill_zero(dx, B * I);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(B), bi(I), bi(O), 1.0f, dy, bi(O), w,
@@ -101,7 +106,7 @@ void linear_grad_weight(const KernelArgs& a) {
   const float* dy = a.in[0].as<float>();
   const float* x = a.in[1].as<float>();
   float* dw = a.out[0].as<float>();
-  const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+  const int64_t B = a.in[0].rows(), O = a.in[0].cols(), I = a.in[1].cols();
   if (O > 0 && I > 0) {
     if (B == 0)
       fill_zero(dw, O * I);
@@ -266,7 +271,7 @@ void layernorm(const KernelArgs& a) {
   float* y = a.out[0].as<float>();
   float* mean_out = a.out[1].as<float>();
   float* rstd_out = a.out[2].as<float>();
-  const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+  const int64_t B = a.in[0].rows(), D = a.in[0].cols();
   const double eps = a.attrs.get("eps", 1e-5);
   const double inv_d = D > 0 ? 1.0 / static_cast<double>(D) : 0.0;
 #pragma omp parallel for num_threads(threads_of(a)) if (B * D > kGrainMath) schedule(static)
@@ -305,7 +310,7 @@ void layernorm_grad(const KernelArgs& a) {
   float* dx = a.out[0].as<float>();
   float* dgamma = a.out[1].as<float>();
   float* dbeta = a.out[2].as<float>();
-  const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+  const int64_t B = a.in[0].rows(), D = a.in[0].cols();
   const double inv_d = D > 0 ? 1.0 / static_cast<double>(D) : 0.0;
   const int64_t nblk = (D + kColBlock - 1) / kColBlock;
 #pragma omp parallel num_threads(threads_of(a)) if (B * D > kGrainMath)
@@ -365,20 +370,108 @@ void add(const KernelArgs& a) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] + z[i];
 }
 
-KernelVariant blas(const char* op, KernelFn fn) {
-  return KernelVariant{op, "blas", fn, nullptr, true};
+// reshape: the same bytes; a copy when the planner did not alias the two.
+void reshape(const KernelArgs& a) {
+  const auto* x = static_cast<const std::byte*>(a.in[0].data);
+  auto* y = static_cast<std::byte*>(a.out[0].data);
+  const int64_t bytes = a.in[0].numel() * static_cast<int64_t>(dtype_size(a.in[0].dtype));
+  if (bytes == 0 || x == y) return;
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (bytes + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads_of(a)) if (bytes > 4 * kGrainCheap) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b0 = c * kChunk;
+    std::memcpy(y + b0, x + b0, static_cast<size_t>(std::min(kChunk, bytes - b0)));
+  }
 }
-KernelVariant omp(const char* op, KernelFn fn) {
-  return KernelVariant{op, "omp", fn, nullptr, true};
+
+// transpose. When the last dimension keeps its place, each output row is a
+// contiguous input row (a memcpy per row). Otherwise the output's last two
+// dimensions are walked in square tiles: the tile's reads touch kTile input
+// lines that stay in L1 while the tile's rows are written, instead of one
+// line per element. Threads take whole tiles (or rows).
+constexpr int64_t kTransposeTile = 32;
+
+template <class E>
+void transpose_elems(const KernelArgs& a) {
+  const Permutation p = permutation_of(a);
+  const E* x = a.in[0].as<const E>();
+  E* y = a.out[0].as<E>();
+  const int64_t n2 = p.shape[2], n3 = p.shape[3], s2 = p.stride[2], s3 = p.stride[3];
+  const int64_t outer = p.shape[0] * p.shape[1];
+  if (p.numel() == 0) return;
+  const int nt = threads_of(a);
+  if (s3 == 1) {
+    const int64_t rows = outer * n2;
+#pragma omp parallel for num_threads(nt) if (rows * n3 > kGrainCheap) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i2 = r % n2, i1 = r / n2 % p.shape[1], i0 = r / (n2 * p.shape[1]);
+      std::memcpy(y + r * n3, x + i0 * p.stride[0] + i1 * p.stride[1] + i2 * s2,
+                  static_cast<size_t>(n3) * sizeof(E));
+    }
+    return;
+  }
+  const int64_t t2 = (n2 + kTransposeTile - 1) / kTransposeTile;
+  const int64_t t3 = (n3 + kTransposeTile - 1) / kTransposeTile;
+  const int64_t tiles = outer * t2 * t3;
+#pragma omp parallel for num_threads(nt) if (p.numel() > kGrainCheap) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t b3 = t % t3, b2 = t / t3 % t2, o = t / (t3 * t2);
+    const int64_t i1 = o % p.shape[1], i0 = o / p.shape[1];
+    const E* src = x + i0 * p.stride[0] + i1 * p.stride[1];
+    E* dst = y + o * n2 * n3;
+    const int64_t a2 = b2 * kTransposeTile, e2 = std::min(n2, a2 + kTransposeTile);
+    const int64_t a3 = b3 * kTransposeTile, e3 = std::min(n3, a3 + kTransposeTile);
+    for (int64_t i2 = a2; i2 < e2; ++i2)
+      for (int64_t i3 = a3; i3 < e3; ++i3) dst[i2 * n3 + i3] = src[i2 * s2 + i3 * s3];
+  }
+}
+
+// Elements move as unsigned integers of their size: any dtype.
+void transpose(const KernelArgs& a) {
+  switch (dtype_size(a.in[0].dtype)) {
+    case 1:
+      return transpose_elems<uint8_t>(a);
+    case 2:
+      return transpose_elems<uint16_t>(a);
+    case 4:
+      return transpose_elems<uint32_t>(a);
+    default:
+      return transpose_elems<uint64_t>(a);
+  }
+}
+
+// OpenBLAS takes blasint dimensions (32-bit unless built for ILP64).
+bool fits_blasint(int64_t v) {
+  return v >= 0 && v <= static_cast<int64_t>(std::numeric_limits<blasint>::max());
+}
+
+// linear: f32, and rows, inputs and outputs within OpenBLAS's integer type.
+bool supports_linear(const KernelArgs& a) {
+  return f32_operands(a) && fits_blasint(a.in[0].rows()) && fits_blasint(a.in[0].cols()) &&
+         fits_blasint(a.in[1].dim(0)) && fits_blasint(a.in[1].dim(1));
+}
+
+// The gradient GEMMs: dy[..., O] against W[O, I] or x[..., I].
+bool supports_linear_grad(const KernelArgs& a) {
+  return f32_operands(a) && fits_blasint(a.in[0].rows()) && fits_blasint(a.in[0].cols()) &&
+         fits_blasint(a.in[1].cols());
+}
+
+KernelVariant blas(const char* op, KernelFn fn, SupportsFn supports) {
+  return KernelVariant{op, "blas", fn, nullptr, true, supports};
+}
+KernelVariant omp(const char* op, KernelFn fn, SupportsFn supports = f32_operands) {
+  return KernelVariant{op, "omp", fn, nullptr, true, supports};
 }
 
 }  // namespace
 
 std::vector<KernelVariant> cpu_dense_kernels() {
   return {
-      blas("linear", linear),
-      blas("linear_grad_input", linear_grad_input),
-      blas("linear_grad_weight", linear_grad_weight),
+      blas("linear", linear, supports_linear),
+      blas("linear_grad_input", linear_grad_input, supports_linear_grad),
+      blas("linear_grad_weight", linear_grad_weight, supports_linear_grad),
       omp("relu", relu),
       omp("relu_grad", relu_grad),
       omp("gelu", gelu),
@@ -388,6 +481,9 @@ std::vector<KernelVariant> cpu_dense_kernels() {
       omp("layernorm", layernorm),
       omp("layernorm_grad", layernorm_grad),
       omp("add", add),
+      // Any dtype: elements are moved, never computed with.
+      omp("reshape", reshape, nullptr),
+      omp("transpose", transpose, nullptr),
   };
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "../common/supports.h"
 #include "cpu_kernels.h"
 
 namespace pooch::kern {
@@ -584,22 +585,22 @@ void xent_index_grad(const KernelArgs& a) {
 
 std::vector<KernelVariant> cpu_loss_kernels() {
   return {
-      {"bce_logits", "omp", loss_fwd<bce_row>, loss_workspace, true},
-      {"bce_logits_grad", "omp", loss_grad<bce_grad_row>, nullptr, true},
-      {"squared_hinge", "omp", loss_fwd<hinge_row>, loss_workspace, true},
-      {"squared_hinge_grad", "omp", loss_grad<hinge_grad_row>, nullptr, true},
-      {"softmax_xent", "omp", loss_fwd<xent_row>, loss_workspace, true},
-      {"softmax_xent_grad", "omp", loss_grad<xent_grad_row>, nullptr, true},
-      {"bce_logits_csr", "omp", csr_loss_fwd<bce_csr_row>, csr_loss_workspace, true},
-      {"bce_logits_csr_grad", "omp", csr_loss_grad<bce_csr_grad_row>, nullptr, true},
-      {"squared_hinge_csr", "omp", csr_loss_fwd<hinge_csr_row>, csr_loss_workspace, true},
-      {"squared_hinge_csr_grad", "omp", csr_loss_grad<hinge_csr_grad_row>, nullptr, true},
-      {"softmax_xent_csr", "omp", csr_loss_fwd<xent_csr_row>, csr_loss_workspace, true},
-      {"softmax_xent_csr_grad", "omp", csr_loss_grad<xent_csr_grad_row>, nullptr, true},
-      {"mse", "omp", mse_fwd, rows_workspace, true, nullptr},
-      {"mse_grad", "omp", mse_grad, nullptr, true, nullptr},
-      {"softmax_xent_index", "omp", xent_index_fwd, rows_workspace, true, nullptr},
-      {"softmax_xent_index_grad", "omp", xent_index_grad, nullptr, true, nullptr},
+      {"bce_logits", "omp", loss_fwd<bce_row>, loss_workspace, true, f32_operands},
+      {"bce_logits_grad", "omp", loss_grad<bce_grad_row>, nullptr, true, f32_operands},
+      {"squared_hinge", "omp", loss_fwd<hinge_row>, loss_workspace, true, f32_operands},
+      {"squared_hinge_grad", "omp", loss_grad<hinge_grad_row>, nullptr, true, f32_operands},
+      {"softmax_xent", "omp", loss_fwd<xent_row>, loss_workspace, true, f32_operands},
+      {"softmax_xent_grad", "omp", loss_grad<xent_grad_row>, nullptr, true, f32_operands},
+      {"bce_logits_csr", "omp", csr_loss_fwd<bce_csr_row>, csr_loss_workspace, true, f32_operands},
+      {"bce_logits_csr_grad", "omp", csr_loss_grad<bce_csr_grad_row>, nullptr, true, f32_operands},
+      {"squared_hinge_csr", "omp", csr_loss_fwd<hinge_csr_row>, csr_loss_workspace, true, f32_operands},
+      {"squared_hinge_csr_grad", "omp", csr_loss_grad<hinge_csr_grad_row>, nullptr, true, f32_operands},
+      {"softmax_xent_csr", "omp", csr_loss_fwd<xent_csr_row>, csr_loss_workspace, true, f32_operands},
+      {"softmax_xent_csr_grad", "omp", csr_loss_grad<xent_csr_grad_row>, nullptr, true, f32_operands},
+      {"mse", "omp", mse_fwd, rows_workspace, true, f32_operands},
+      {"mse_grad", "omp", mse_grad, nullptr, true, f32_operands},
+      {"softmax_xent_index", "omp", xent_index_fwd, rows_workspace, true, f32_operands},
+      {"softmax_xent_index_grad", "omp", xent_index_grad, nullptr, true, f32_operands},
   };
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "../common/optim_params.h"
+#include "../common/supports.h"
 #include "cpu_kernels.h"
 
 namespace pooch::kern {
@@ -140,10 +141,10 @@ void adam_rows(const KernelArgs& a) {
 
 std::vector<KernelVariant> cpu_optim_kernels() {
   return {
-      {"sgd_update", "omp", sgd_dense, nullptr, true},
-      {"adam_update", "omp", adam_dense, nullptr, true},
-      {"sgd_update_rows", "omp", sgd_rows, nullptr, true},
-      {"adam_update_rows", "omp", adam_rows, nullptr, true},
+      {"sgd_update", "omp", sgd_dense, nullptr, true, f32_operands},
+      {"adam_update", "omp", adam_dense, nullptr, true, f32_operands},
+      {"sgd_update_rows", "omp", sgd_rows, nullptr, true, f32_operands},
+      {"adam_update_rows", "omp", adam_rows, nullptr, true, f32_operands},
   };
 }
 

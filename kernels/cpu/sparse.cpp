@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../common/supports.h"
 #include "cpu_kernels.h"
 
 namespace pooch::kern {
@@ -623,20 +624,47 @@ void scatter_add_rows_omp(const KernelArgs& a) {
   }
 }
 
+// ---- supports ----------------------------------------------------------------
+
+// Entry ids, rows and group starts are int32 in the workspace.
+bool supports_sparse_grad_weight(const KernelArgs& a) {
+  return f32_operands(a) && a.in[1].shape[0] < kInt32Max && fits_int32(a.in[3].shape[0]);
+}
+bool supports_ffi_forward(const KernelArgs& a) {
+  return f32_operands(a) && is_index_dtype(a.in[1].dtype);
+}
+// The index is input 1 of ffi_grad_input, input 2 of ffi_grad_weight.
+bool supports_ffi_grad_input(const KernelArgs& a) {
+  return f32_operands(a) && is_index_dtype(a.in[1].dtype);
+}
+// The slot lists are int32 offsets into L·K slots, one start per hidden unit.
+bool supports_ffi_grad_input_transposed(const KernelArgs& a) {
+  return supports_ffi_grad_input(a) && fits_int32(a.in[1].numel()) && a.out[0].shape[1] < kInt32Max;
+}
+bool supports_ffi_grad_weight(const KernelArgs& a) {
+  return f32_operands(a) && is_index_dtype(a.in[2].dtype);
+}
+// Positions go out as int32.
+bool supports_topk(const KernelArgs& a) {
+  return f32_operands(a) && fits_int32(a.in[0].shape[1]);
+}
+
 }  // namespace
 
 std::vector<KernelVariant> cpu_sparse_kernels() {
   return {
-      {"sparse_linear", "omp", sparse_linear_omp, nullptr, true},
+      {"sparse_linear", "omp", sparse_linear_omp, nullptr, true, f32_operands},
       {"sparse_linear_grad_weight", "omp", sparse_linear_grad_weight_omp,
-       sparse_linear_grad_weight_ws, true},
-      {"ffi_linear", "omp", ffi_linear_omp, ffi_linear_ws, true},
-      {"ffi_grad_input", "rowwise", ffi_grad_input_rowwise_omp, ffi_grad_input_rowwise_ws, true},
+       sparse_linear_grad_weight_ws, true, supports_sparse_grad_weight},
+      {"ffi_linear", "omp", ffi_linear_omp, ffi_linear_ws, true, supports_ffi_forward},
+      {"ffi_grad_input", "rowwise", ffi_grad_input_rowwise_omp, ffi_grad_input_rowwise_ws, true,
+       supports_ffi_grad_input},
       {"ffi_grad_input", "transposed", ffi_grad_input_transposed_omp, ffi_grad_input_transposed_ws,
-       true},
-      {"ffi_grad_weight", "omp", ffi_grad_weight_omp, ffi_grad_weight_ws, true},
-      {"topk", "omp", topk_heap, nullptr, true},
-      {"scatter_add_rows", "omp", scatter_add_rows_omp, nullptr, true, nullptr},
+       true, supports_ffi_grad_input_transposed},
+      {"ffi_grad_weight", "omp", ffi_grad_weight_omp, ffi_grad_weight_ws, true,
+       supports_ffi_grad_weight},
+      {"topk", "omp", topk_heap, nullptr, true, supports_topk},
+      {"scatter_add_rows", "omp", scatter_add_rows_omp, nullptr, true, f32_operands},
   };
 }
 

@@ -33,6 +33,13 @@ const std::vector<KernelVariant>& cuda_kernels();
 
 namespace cuda {
 
+// What a CUDA kernel knows of its device. A CUDA backend owns one and hands
+// it out as KernelArgs::device (Backend::kernel_device()): workspace and
+// supports functions run while planning, outside any launch, and those that
+// ask a library for its scratch size (cuSPARSE SpMM, CUB sorts) use that
+// device and, for cuSPARSE, its handle. Without one (device null) they return
+// a conservative bound instead; a launch re-checks the exact size and never
+// writes past the workspace it was given.
 struct LaunchEnv {
   void* cublas = nullptr;    // cublasHandle_t, bound to the launch's stream, with its workspace set
   void* cusparse = nullptr;  // cusparseHandle_t, bound to the launch's stream
@@ -60,17 +67,6 @@ class ScopedLaunchEnv {
  private:
   LaunchEnv* prev_;
 };
-
-// Workspace functions run while planning, outside any launch. Those that ask
-// a library for its scratch size (cuSPARSE SpMM, CUB sorts) need a device and,
-// for cuSPARSE, a handle: they use this environment, which a live CUDA
-// backend registers at construction and clears at destruction. Without one
-// they return a conservative bound instead (a launch re-checks the exact size
-// and never writes past the workspace it was given).
-void set_query_env(LaunchEnv* env);
-// Clears the registration if it is still `env` (a newer backend's stays).
-void release_query_env(LaunchEnv* env);
-LaunchEnv* query_env();
 
 // Whether this build's device code runs on the current device: the
 // cudaError_t (as an int; 0 = cudaSuccess) of asking the runtime for one of

@@ -10,7 +10,9 @@
 #include <climits>
 #include <cmath>
 
+#include "../common/permute.h"
 #include "../common/philox.h"
+#include "../common/supports.h"
 #include "common.cuh"
 #include "cuda_libs.h"
 
@@ -97,7 +99,8 @@ void linear(const KernelArgs& a) {
   const float* w = a.in[1].as<const float>();
   const float* bias = a.n_in > 2 ? a.in[2].as<const float>() : nullptr;
   float* y = a.out[0].as<float>();
-  const int64_t B = a.in[0].dim(0), I = a.in[0].dim(1), O = a.in[1].dim(0);
+  // x[..., I]: the leading dimensions are B rows.
+  const int64_t B = a.in[0].rows(), I = a.in[0].cols(), O = a.in[1].dim(0);
   if (B == 0 || O == 0) return;
   const cudaStream_t s = stream_of(a);
   if (bias) {
@@ -118,7 +121,7 @@ void linear_grad_input(const KernelArgs& a) {
   const float* dy = a.in[0].as<const float>();
   const float* w = a.in[1].as<const float>();
   float* dx = a.out[0].as<float>();
-  const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+  const int64_t B = a.in[0].rows(), O = a.in[0].cols(), I = a.in[1].dim(1);
   if (B == 0 || I == 0) return;
   const cudaStream_t s = stream_of(a);
   if (O == 0) {
@@ -136,7 +139,7 @@ void linear_grad_weight(const KernelArgs& a) {
   const float* dy = a.in[0].as<const float>();
   const float* x = a.in[1].as<const float>();
   float* dw = a.out[0].as<float>();
-  const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+  const int64_t B = a.in[0].rows(), O = a.in[0].cols(), I = a.in[1].cols();
   const cudaStream_t s = stream_of(a);
   if (O > 0 && I > 0) {
     if (B == 0) {
@@ -377,7 +380,7 @@ unsigned row_blocks(int64_t rows) {
 
 void layernorm(const KernelArgs& a) {
   if (!f32_only(a, "layernorm")) return;
-  const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+  const int64_t B = a.in[0].rows(), D = a.in[0].cols();
   if (B == 0) return;
   layernorm_kernel<<<row_blocks(B), kThreads, 0, stream_of(a)>>>(
       a.in[0].as<const float>(), a.in[1].as<const float>(), a.in[2].as<const float>(),
@@ -393,7 +396,7 @@ void layernorm_grad(const KernelArgs& a) {
   const float* gamma = a.in[2].as<const float>();
   const float* mean = a.in[3].as<const float>();
   const float* rstd = a.in[4].as<const float>();
-  const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+  const int64_t B = a.in[0].rows(), D = a.in[0].cols();
   const cudaStream_t s = stream_of(a);
   if (B > 0 && D > 0) {
     layernorm_grad_dx_kernel<<<row_blocks(B), kThreads, 0, s>>>(dy, x, gamma, mean, rstd,
@@ -407,13 +410,75 @@ void layernorm_grad(const KernelArgs& a) {
   }
 }
 
+// ---- reshape, transpose ------------------------------------------------------
+
+// reshape: the same bytes; a copy when the planner did not alias the two.
+void reshape(const KernelArgs& a) {
+  const size_t bytes = static_cast<size_t>(a.in[0].numel()) * dtype_size(a.in[0].dtype);
+  if (bytes == 0 || a.out[0].data == a.in[0].data) return;
+  cuda_ok(
+      cudaMemcpyAsync(a.out[0].data, a.in[0].data, bytes, cudaMemcpyDeviceToDevice, stream_of(a)),
+      "cudaMemcpyAsync");
+}
+
+// One thread per output element (grid-stride, coalesced writes): its four
+// indices from the flat output position, the source from the input strides.
+template <class E>
+__global__ void transpose_kernel(const E* __restrict__ x, E* __restrict__ y, Permutation p,
+                                 int64_t n) {
+  POOCH_GRID_STRIDE(o, n) {
+    int64_t r = o;
+    const int64_t i3 = r % p.shape[3];
+    r /= p.shape[3];
+    const int64_t i2 = r % p.shape[2];
+    r /= p.shape[2];
+    const int64_t i1 = r % p.shape[1];
+    const int64_t i0 = r / p.shape[1];
+    y[o] = x[i0 * p.stride[0] + i1 * p.stride[1] + i2 * p.stride[2] + i3 * p.stride[3]];
+  }
+}
+
+template <class E>
+void transpose_t(const KernelArgs& a) {
+  const Permutation p = permutation_of(a);
+  launch_elementwise(transpose_kernel<E>, "transpose_kernel", p.numel(), stream_of(a),
+                     a.in[0].as<const E>(), a.out[0].as<E>(), p);
+}
+
+// Elements move as unsigned integers of their size: any dtype.
+void transpose(const KernelArgs& a) {
+  switch (dtype_size(a.in[0].dtype)) {
+    case 1:
+      return transpose_t<uint8_t>(a);
+    case 2:
+      return transpose_t<uint16_t>(a);
+    case 4:
+      return transpose_t<uint32_t>(a);
+    default:
+      return transpose_t<uint64_t>(a);
+  }
+}
+
 __global__ void probe_kernel() {}
 
-KernelVariant cublas(const char* op, KernelFn fn) {
-  return KernelVariant{op, "cublas", fn, nullptr, true};
+// ---- supports ----------------------------------------------------------------
+
+// cuBLAS takes int dimensions: f32, and the rows and both widths within int.
+bool supports_linear(const KernelArgs& a) {
+  return f32_operands(a) && fits_int(a.in[0].rows()) && fits_int(a.in[0].cols()) &&
+         fits_int(a.in[1].dim(0)) && fits_int(a.in[1].dim(1));
 }
-KernelVariant plain(const char* op, KernelFn fn) {
-  return KernelVariant{op, "cuda", fn, nullptr, true};
+// The gradient GEMMs: dy[..., O] against W[O, I] or x[..., I].
+bool supports_linear_grad(const KernelArgs& a) {
+  return f32_operands(a) && fits_int(a.in[0].rows()) && fits_int(a.in[0].cols()) &&
+         fits_int(a.in[1].cols());
+}
+
+KernelVariant cublas(const char* op, KernelFn fn, SupportsFn supports) {
+  return KernelVariant{op, "cublas", fn, nullptr, true, supports};
+}
+KernelVariant plain(const char* op, KernelFn fn, SupportsFn supports = f32_operands) {
+  return KernelVariant{op, "cuda", fn, nullptr, true, supports};
 }
 
 }  // namespace
@@ -436,9 +501,9 @@ int kernel_image_status() {
 std::vector<KernelVariant> cuda_dense_kernels() {
   using namespace cuda;
   return {
-      cublas("linear", linear),
-      cublas("linear_grad_input", linear_grad_input),
-      cublas("linear_grad_weight", linear_grad_weight),
+      cublas("linear", linear, supports_linear),
+      cublas("linear_grad_input", linear_grad_input, supports_linear_grad),
+      cublas("linear_grad_weight", linear_grad_weight, supports_linear_grad),
       plain("relu", relu),
       plain("relu_grad", relu_grad),
       plain("gelu", gelu),
@@ -448,6 +513,9 @@ std::vector<KernelVariant> cuda_dense_kernels() {
       plain("layernorm", layernorm),
       plain("layernorm_grad", layernorm_grad),
       plain("add", add),
+      // Any dtype: elements are moved, never computed with.
+      plain("reshape", reshape, nullptr),
+      plain("transpose", transpose, nullptr),
   };
 }
 

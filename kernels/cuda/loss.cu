@@ -15,6 +15,7 @@
 // row sums then go through the same ordered final sum.
 #include <cmath>
 
+#include "../common/supports.h"
 #include "common.cuh"
 
 namespace pooch::kern {
@@ -1067,7 +1068,7 @@ void softmax_xent_index_grad(const KernelArgs& a) {
 }
 
 KernelVariant det(const char* op, KernelFn fn, WorkspaceFn ws) {
-  return KernelVariant{op, "cuda", fn, ws, true};
+  return KernelVariant{op, "cuda", fn, ws, true, f32_operands};
 }
 
 }  // namespace
@@ -1088,10 +1089,10 @@ std::vector<KernelVariant> cuda_loss_kernels() {
       det("squared_hinge_csr_grad", csr_flat_grad<Kind::hinge>, nullptr),
       det("softmax_xent_csr", softmax_xent_csr, xent_csr_ws),
       det("softmax_xent_csr_grad", softmax_xent_csr_grad, xent_csr_ws),
-      {"mse", "cuda", mse, mse_ws, true, nullptr},
-      {"mse_grad", "cuda", mse_grad, one_double_ws, true, nullptr},
-      {"softmax_xent_index", "cuda", softmax_xent_index, xent_index_ws, true, nullptr},
-      {"softmax_xent_index_grad", "cuda", softmax_xent_index_grad, one_double_ws, true, nullptr},
+      {"mse", "cuda", mse, mse_ws, true, f32_operands},
+      {"mse_grad", "cuda", mse_grad, one_double_ws, true, f32_operands},
+      {"softmax_xent_index", "cuda", softmax_xent_index, xent_index_ws, true, f32_operands},
+      {"softmax_xent_index_grad", "cuda", softmax_xent_index_grad, one_double_ws, true, f32_operands},
   };
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "../common/optim_params.h"
+#include "../common/supports.h"
 #include "common.cuh"
 
 namespace pooch::kern {
@@ -147,10 +148,10 @@ void adam_rows(const KernelArgs& a) {
 std::vector<KernelVariant> cuda_optim_kernels() {
   using namespace cuda;
   return {
-      {"sgd_update", "cuda", sgd_dense, nullptr, true},
-      {"adam_update", "cuda", adam_dense, nullptr, true},
-      {"sgd_update_rows", "cuda", sgd_rows, nullptr, true},
-      {"adam_update_rows", "cuda", adam_rows, nullptr, true},
+      {"sgd_update", "cuda", sgd_dense, nullptr, true, f32_operands},
+      {"adam_update", "cuda", adam_dense, nullptr, true, f32_operands},
+      {"sgd_update_rows", "cuda", sgd_rows, nullptr, true, f32_operands},
+      {"adam_update_rows", "cuda", adam_rows, nullptr, true, f32_operands},
   };
 }
 

@@ -1,7 +1,5 @@
 #include "cuda_kernels.h"
 
-#include <atomic>
-
 namespace pooch::kern {
 
 const std::vector<KernelVariant>& cuda_kernels() {
@@ -18,7 +16,6 @@ const std::vector<KernelVariant>& cuda_kernels() {
 namespace cuda {
 namespace {
 thread_local LaunchEnv* t_env = nullptr;
-std::atomic<LaunchEnv*> g_query_env{nullptr};
 }  // namespace
 
 LaunchEnv* current_launch_env() {
@@ -31,18 +28,6 @@ ScopedLaunchEnv::ScopedLaunchEnv(LaunchEnv* env) : prev_(t_env) {
 
 ScopedLaunchEnv::~ScopedLaunchEnv() {
   t_env = prev_;
-}
-
-void set_query_env(LaunchEnv* env) {
-  g_query_env.store(env, std::memory_order_release);
-}
-
-void release_query_env(LaunchEnv* env) {
-  g_query_env.compare_exchange_strong(env, nullptr, std::memory_order_acq_rel);
-}
-
-LaunchEnv* query_env() {
-  return g_query_env.load(std::memory_order_acquire);
 }
 
 }  // namespace cuda

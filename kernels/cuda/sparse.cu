@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../common/supports.h"
 #include "common.cuh"
 #include "cuda_libs.h"
 
@@ -49,13 +50,22 @@ int bits_for(int64_t max_value) {
   return b;
 }
 
-// Runs a CUB (or other) size query on the device of the running launch, or of
-// the registered CUDA backend while planning. False when there is no device
-// to ask (no backend, no driver), so the caller falls back to a bound.
+// The device a workspace function sizes for: the one the call is planned on
+// (KernelArgs::device), or none (null: the caller returns a bound).
+const LaunchEnv* planned_env(const KernelArgs& a) {
+  return static_cast<const LaunchEnv*>(a.device);
+}
+
+// The device a launcher runs on: the one in its arguments, else that of the
+// running launch.
+const LaunchEnv* launch_env_of(const KernelArgs& a) {
+  return a.device != nullptr ? static_cast<const LaunchEnv*>(a.device) : current_launch_env();
+}
+
+// Runs a CUB (or other) size query on device `e`. False when there is no
+// device to ask (none given, no driver), so the caller falls back to a bound.
 template <class Query>
-bool device_query(Query&& q) {
-  const LaunchEnv* e = current_launch_env();
-  if (e == nullptr) e = query_env();
+bool device_query(const LaunchEnv* e, Query&& q) {
   if (e == nullptr) return false;
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess) {
@@ -270,11 +280,11 @@ size_t sparse_linear_cusparse_ws(const KernelArgs& a) {
   const size_t used = spmm_layout(nullptr, s).used;
   size_t bytes = 0;
   bool known = false;
-  const LaunchEnv* e = current_launch_env() ? current_launch_env() : query_env();
+  const LaunchEnv* e = planned_env(a);
   if (e != nullptr && e->cusparse != nullptr) {
     auto* h = static_cast<cusparseHandle_t>(e->cusparse);
     auto fake = [](uintptr_t k) { return reinterpret_cast<void*>(k << 12); };
-    known = device_query([&] {
+    known = device_query(e, [&] {
       return spmm_buffer_size(h, s.B + 1, s.F, s.O, s.cap, fake(1), fake(2), fake(3), fake(4),
                               fake(5), &bytes)
                  ? cudaSuccess
@@ -444,10 +454,10 @@ size_t sort_scan_fallback(int64_t n) {
 }
 
 // CUB scratch for the feature sort and the segment scan (the larger of the two).
-bool grad_weight_temp(int64_t cap, int end_bit, size_t* bytes) {
+bool grad_weight_temp(const LaunchEnv* e, int64_t cap, int end_bit, size_t* bytes) {
   size_t sort = 0, scan = 0;
   const int n = static_cast<int>(cap);
-  const bool ok = device_query([&] {
+  const bool ok = device_query(e, [&] {
     cub::DoubleBuffer<uint32_t> k(nullptr, nullptr);
     cub::DoubleBuffer<int32_t> v(nullptr, nullptr);
     cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, sort, k, v, n, 0, end_bit);
@@ -487,7 +497,7 @@ int64_t features_of(const KernelArgs& a) {
 size_t sparse_linear_grad_weight_ws(const KernelArgs& a) {
   const int64_t cap = a.in[1].shape[0], F = features_of(a);
   size_t temp = 0;
-  if (cap > 0 && (cap >= INT_MAX || !grad_weight_temp(cap, bits_for(F), &temp)))
+  if (cap > 0 && (cap >= INT_MAX || !grad_weight_temp(planned_env(a), cap, bits_for(F), &temp)))
     temp = sort_scan_fallback(cap);
   return grad_weight_layout(nullptr, cap, temp).total;
 }
@@ -517,7 +527,7 @@ void sparse_linear_grad_weight(const KernelArgs& a) {
   }
   const int end_bit = bits_for(F);
   size_t temp = 0;
-  if (!grad_weight_temp(cap, end_bit, &temp)) {
+  if (!grad_weight_temp(launch_env_of(a), cap, end_bit, &temp)) {
     report("sparse_linear_grad_weight: CUB could not size its scratch on this device");
     return;
   }
@@ -990,8 +1000,8 @@ int det_end_bit(int64_t H) {
 }
 
 template <class I>
-bool det_temp(int64_t S, int end_bit, size_t* bytes) {
-  return device_query([&] {
+bool det_temp(const LaunchEnv* e, int64_t S, int end_bit, size_t* bytes) {
+  return device_query(e, [&] {
     cub::DoubleBuffer<SortKey<I>> k(nullptr, nullptr);
     cub::DoubleBuffer<int32_t> v(nullptr, nullptr);
     return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, k, v, static_cast<int>(S), 0,
@@ -1004,7 +1014,7 @@ size_t ffi_grad_input_det_ws_t(const KernelArgs& a) {
   const int64_t B = a.in[0].shape[0], L = a.in[1].shape[0], K = a.in[1].shape[1];
   const int64_t H = a.out[0].shape[1], S = L * K;
   size_t temp = 0;
-  if (S > 0 && (S > INT_MAX || !det_temp<I>(S, det_end_bit<I>(H), &temp)))
+  if (S > 0 && (S > INT_MAX || !det_temp<I>(planned_env(a), S, det_end_bit<I>(H), &temp)))
     temp = sort_scan_fallback(S);
   return det_layout<SortKey<I>>(nullptr, S, H, L, padded_batch(B), temp).total;
 }
@@ -1037,7 +1047,7 @@ void ffi_grad_input_det_t(const KernelArgs& a) {
   }
   const int end_bit = det_end_bit<I>(H);
   size_t temp = 0;
-  if (!det_temp<I>(S, end_bit, &temp)) {
+  if (!det_temp<I>(launch_env_of(a), S, end_bit, &temp)) {
     report("ffi_grad_input: CUB could not size its scratch on this device");
     return;
   }
@@ -1228,8 +1238,8 @@ TopkLayout topk_layout(std::byte* base, int64_t B, int64_t L, size_t temp) {
   return t;
 }
 
-bool topk_temp(int64_t B, int64_t L, size_t* bytes) {
-  return device_query([&] {
+bool topk_temp(const LaunchEnv* e, int64_t B, int64_t L, size_t* bytes) {
+  return device_query(e, [&] {
     cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
     return cub::DeviceSegmentedRadixSort::SortKeysDescending(
         nullptr, *bytes, k, static_cast<int>(B * L), static_cast<int>(B),
@@ -1241,7 +1251,7 @@ size_t topk_ws(const KernelArgs& a) {
   const int64_t B = a.in[0].shape[0], L = a.in[0].shape[1], k = a.out[0].shape[1];
   if (k <= kTopkMaxK || B == 0 || B * L > INT_MAX) return 0;
   size_t temp = 0;
-  if (!topk_temp(B, L, &temp)) temp = sort_scan_fallback(B * L);
+  if (!topk_temp(planned_env(a), B, L, &temp)) temp = sort_scan_fallback(B * L);
   return topk_layout(nullptr, B, L, temp).total;
 }
 
@@ -1270,7 +1280,7 @@ void topk(const KernelArgs& a) {
     return;
   }
   size_t temp = 0;
-  if (!topk_temp(B, L, &temp)) {
+  if (!topk_temp(launch_env_of(a), B, L, &temp)) {
     report("topk: CUB could not size its scratch on this device");
     return;
   }
@@ -1337,22 +1347,57 @@ void scatter_add_rows(const KernelArgs& a) {
   launched("scatter_add_rows_kernel");
 }
 
+// ---- supports ------------------------------------------------------------------
+
+// cuSPARSE is given 32-bit CSR offsets for the capacity and B + 1 rows.
+bool supports_sparse_linear_cusparse(const KernelArgs& a) {
+  const SpmmShape s = spmm_shape(a);
+  return f32_operands(a) && s.cap < INT_MAX && s.B + 1 < INT_MAX;
+}
+// Entries, features and segment starts are sorted and counted in 32 bits.
+bool supports_sparse_grad_weight(const KernelArgs& a) {
+  return f32_operands(a) && a.in[1].shape[0] < INT_MAX && features_of(a) < INT_MAX;
+}
+bool supports_ffi_linear(const KernelArgs& a) {
+  return f32_operands(a) && is_index_dtype(a.in[1].dtype);
+}
+bool supports_ffi_grad_input_atomic(const KernelArgs& a) {
+  return f32_operands(a) && is_index_dtype(a.in[1].dtype);
+}
+// The slot sort runs over int-sized counts.
+bool supports_ffi_grad_input_det(const KernelArgs& a) {
+  return supports_ffi_grad_input_atomic(a) && a.in[1].numel() <= INT_MAX &&
+         a.out[0].shape[1] < INT_MAX;
+}
+bool supports_ffi_grad_weight(const KernelArgs& a) {
+  return f32_operands(a) && is_index_dtype(a.in[2].dtype);
+}
+// Positions are int32; above kTopkMaxK the whole [B, L] is one CUB sort.
+bool supports_topk(const KernelArgs& a) {
+  const int64_t B = a.in[0].shape[0], L = a.in[0].shape[1], k = a.out[0].shape[1];
+  return f32_operands(a) && L <= INT_MAX && (k <= kTopkMaxK || B * L <= INT_MAX);
+}
+
 }  // namespace
 }  // namespace cuda
 
 std::vector<KernelVariant> cuda_sparse_kernels() {
   using namespace cuda;
   return {
-      {"sparse_linear", "cusparse", sparse_linear_cusparse, sparse_linear_cusparse_ws, true},
-      {"sparse_linear", "rowwise", sparse_linear_rowwise, nullptr, true},
-      {"sparse_linear_grad_weight", "sort", sparse_linear_grad_weight,
-       sparse_linear_grad_weight_ws, true},
-      {"ffi_linear", "gather", ffi_linear, ffi_linear_ws, true},
-      {"ffi_grad_input", "atomic", ffi_grad_input_atomic, ffi_grad_input_atomic_ws, false},
-      {"ffi_grad_input", "deterministic", ffi_grad_input_det, ffi_grad_input_det_ws, true},
-      {"ffi_grad_weight", "sddmm", ffi_grad_weight, ffi_grad_weight_ws, true},
-      {"topk", "select", topk, topk_ws, true},
-      {"scatter_add_rows", "cuda", scatter_add_rows, nullptr, true, nullptr},
+      {"sparse_linear", "cusparse", sparse_linear_cusparse, sparse_linear_cusparse_ws, true,
+       supports_sparse_linear_cusparse},
+      {"sparse_linear", "rowwise", sparse_linear_rowwise, nullptr, true, f32_operands},
+      {"sparse_linear_grad_weight", "sort", sparse_linear_grad_weight, sparse_linear_grad_weight_ws,
+       true, supports_sparse_grad_weight},
+      {"ffi_linear", "gather", ffi_linear, ffi_linear_ws, true, supports_ffi_linear},
+      {"ffi_grad_input", "atomic", ffi_grad_input_atomic, ffi_grad_input_atomic_ws, false,
+       supports_ffi_grad_input_atomic},
+      {"ffi_grad_input", "deterministic", ffi_grad_input_det, ffi_grad_input_det_ws, true,
+       supports_ffi_grad_input_det},
+      {"ffi_grad_weight", "sddmm", ffi_grad_weight, ffi_grad_weight_ws, true,
+       supports_ffi_grad_weight},
+      {"topk", "select", topk, topk_ws, true, supports_topk},
+      {"scatter_add_rows", "cuda", scatter_add_rows, nullptr, true, f32_operands},
   };
 }
 

@@ -4,8 +4,11 @@
 // runs them in f64 for finite differences, hence the float/double templates.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
+#include "../common/permute.h"
 #include "../common/philox.h"
+#include "../common/supports.h"
 #include "ref_kernels.h"
 
 namespace pooch::kern {
@@ -39,7 +42,8 @@ struct Linear {
     const T* w = a.in[1].as<T>();
     const T* bias = a.n_in > 2 ? a.in[2].as<T>() : nullptr;
     T* y = a.out[0].as<T>();
-    const int64_t B = a.in[0].dim(0), I = a.in[0].dim(1), O = a.in[1].dim(0);
+    // x[..., I]: the leading dimensions are rows.
+    const int64_t B = a.in[0].rows(), I = a.in[0].cols(), O = a.in[1].dim(0);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t o = 0; o < O; ++o) {
         double s = bias ? static_cast<double>(bias[o]) : 0.0;
@@ -56,7 +60,7 @@ struct LinearGradInput {
     const T* dy = a.in[0].as<T>();
     const T* w = a.in[1].as<T>();
     T* dx = a.out[0].as<T>();
-    const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+    const int64_t B = a.in[0].rows(), O = a.in[0].cols(), I = a.in[1].dim(1);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < I; ++i) {
         double s = 0.0;
@@ -74,7 +78,7 @@ struct LinearGradWeight {
     const T* x = a.in[1].as<T>();
     T* dw = a.out[0].as<T>();
     T* db = a.n_out > 1 ? a.out[1].as<T>() : nullptr;
-    const int64_t B = a.in[0].dim(0), O = a.in[0].dim(1), I = a.in[1].dim(1);
+    const int64_t B = a.in[0].rows(), O = a.in[0].cols(), I = a.in[1].cols();
     for (int64_t o = 0; o < O; ++o) {
       for (int64_t i = 0; i < I; ++i) {
         double s = 0.0;
@@ -173,7 +177,7 @@ struct LayerNorm {
     T* y = a.out[0].as<T>();
     T* mean_out = a.out[1].as<T>();
     T* rstd_out = a.out[2].as<T>();
-    const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+    const int64_t B = a.in[0].rows(), D = a.in[0].cols();
     const double eps = a.attrs.get("eps", 1e-5);
     for (int64_t b = 0; b < B; ++b) {
       const T* xr = x + b * D;
@@ -213,7 +217,7 @@ struct LayerNormGrad {
     T* dx = a.out[0].as<T>();
     T* dgamma = a.out[1].as<T>();
     T* dbeta = a.out[2].as<T>();
-    const int64_t B = a.in[0].dim(0), D = a.in[0].dim(1);
+    const int64_t B = a.in[0].rows(), D = a.in[0].cols();
     for (int64_t b = 0; b < B; ++b) {
       const double mu = static_cast<double>(mean[b]), rs = static_cast<double>(rstd[b]);
       double sum_g = 0.0, sum_gx = 0.0;
@@ -257,8 +261,47 @@ struct Add {
   }
 };
 
-KernelVariant ref(const char* op, KernelFn fn) {
-  return KernelVariant{op, "ref", fn, nullptr, true};
+// reshape: the same elements in the same order.
+void reshape(const KernelArgs& a) {
+  const size_t bytes = static_cast<size_t>(a.in[0].numel()) * dtype_size(a.in[0].dtype);
+  if (bytes > 0 && a.out[0].data != a.in[0].data) std::memmove(a.out[0].data, a.in[0].data, bytes);
+}
+
+// transpose: one element at a time, the source offset from the output index.
+template <class E>
+void transpose_elems(const KernelArgs& a) {
+  const Permutation p = permutation_of(a);
+  const E* x = a.in[0].as<const E>();
+  E* y = a.out[0].as<E>();
+  int64_t o = 0;
+  for (int64_t i0 = 0; i0 < p.shape[0]; ++i0)
+    for (int64_t i1 = 0; i1 < p.shape[1]; ++i1)
+      for (int64_t i2 = 0; i2 < p.shape[2]; ++i2)
+        for (int64_t i3 = 0; i3 < p.shape[3]; ++i3)
+          y[o++] = x[i0 * p.stride[0] + i1 * p.stride[1] + i2 * p.stride[2] + i3 * p.stride[3]];
+}
+
+// Elements are moved as unsigned integers of their size: any dtype.
+void transpose(const KernelArgs& a) {
+  switch (dtype_size(a.in[0].dtype)) {
+    case 1:
+      return transpose_elems<uint8_t>(a);
+    case 2:
+      return transpose_elems<uint16_t>(a);
+    case 4:
+      return transpose_elems<uint32_t>(a);
+    default:
+      return transpose_elems<uint64_t>(a);
+  }
+}
+
+// Every float operand f32, or every one f64.
+bool supports_floats(const KernelArgs& a) {
+  return ref_float_operands(a);
+}
+
+KernelVariant ref(const char* op, KernelFn fn, SupportsFn supports = supports_floats) {
+  return KernelVariant{op, "ref", fn, nullptr, true, supports};
 }
 
 }  // namespace
@@ -277,6 +320,9 @@ std::vector<KernelVariant> ref_dense_kernels() {
       ref("layernorm", dispatch<LayerNorm>),
       ref("layernorm_grad", dispatch<LayerNormGrad>),
       ref("add", dispatch<Add>),
+      // Any dtype: elements are moved, never computed with.
+      ref("reshape", reshape, nullptr),
+      ref("transpose", transpose, nullptr),
   };
 }
 

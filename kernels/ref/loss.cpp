@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "../common/supports.h"
 #include "ref_kernels.h"
 
 namespace pooch::kern {
@@ -332,24 +333,24 @@ void by_dtype(const KernelArgs& a) {
 
 std::vector<KernelVariant> ref_loss_kernels() {
   return {
-      {"bce_logits", "ref", fwd<Loss::bce>, nullptr, true},
-      {"bce_logits_grad", "ref", grad<Loss::bce>, nullptr, true},
-      {"squared_hinge", "ref", fwd<Loss::hinge>, nullptr, true},
-      {"squared_hinge_grad", "ref", grad<Loss::hinge>, nullptr, true},
-      {"softmax_xent", "ref", fwd<Loss::xent>, nullptr, true},
-      {"softmax_xent_grad", "ref", grad<Loss::xent>, nullptr, true},
-      {"bce_logits_csr", "ref", csr_fwd<Loss::bce>, csr_workspace, true},
-      {"bce_logits_csr_grad", "ref", csr_grad<Loss::bce>, csr_workspace, true},
-      {"squared_hinge_csr", "ref", csr_fwd<Loss::hinge>, csr_workspace, true},
-      {"squared_hinge_csr_grad", "ref", csr_grad<Loss::hinge>, csr_workspace, true},
-      {"softmax_xent_csr", "ref", csr_fwd<Loss::xent>, csr_workspace, true},
-      {"softmax_xent_csr_grad", "ref", csr_grad<Loss::xent>, csr_workspace, true},
-      {"mse", "ref", by_dtype<mse_fwd<float>, mse_fwd<double>>, nullptr, true, nullptr},
-      {"mse_grad", "ref", by_dtype<mse_grad<float>, mse_grad<double>>, nullptr, true, nullptr},
+      {"bce_logits", "ref", fwd<Loss::bce>, nullptr, true, ref_float_operands},
+      {"bce_logits_grad", "ref", grad<Loss::bce>, nullptr, true, ref_float_operands},
+      {"squared_hinge", "ref", fwd<Loss::hinge>, nullptr, true, ref_float_operands},
+      {"squared_hinge_grad", "ref", grad<Loss::hinge>, nullptr, true, ref_float_operands},
+      {"softmax_xent", "ref", fwd<Loss::xent>, nullptr, true, ref_float_operands},
+      {"softmax_xent_grad", "ref", grad<Loss::xent>, nullptr, true, ref_float_operands},
+      {"bce_logits_csr", "ref", csr_fwd<Loss::bce>, csr_workspace, true, ref_float_operands},
+      {"bce_logits_csr_grad", "ref", csr_grad<Loss::bce>, csr_workspace, true, ref_float_operands},
+      {"squared_hinge_csr", "ref", csr_fwd<Loss::hinge>, csr_workspace, true, ref_float_operands},
+      {"squared_hinge_csr_grad", "ref", csr_grad<Loss::hinge>, csr_workspace, true, ref_float_operands},
+      {"softmax_xent_csr", "ref", csr_fwd<Loss::xent>, csr_workspace, true, ref_float_operands},
+      {"softmax_xent_csr_grad", "ref", csr_grad<Loss::xent>, csr_workspace, true, ref_float_operands},
+      {"mse", "ref", by_dtype<mse_fwd<float>, mse_fwd<double>>, nullptr, true, ref_float_operands},
+      {"mse_grad", "ref", by_dtype<mse_grad<float>, mse_grad<double>>, nullptr, true, ref_float_operands},
       {"softmax_xent_index", "ref", by_dtype<xent_index_fwd<float>, xent_index_fwd<double>>,
-       nullptr, true, nullptr},
+       nullptr, true, ref_float_operands},
       {"softmax_xent_index_grad", "ref", by_dtype<xent_index_grad<float>, xent_index_grad<double>>,
-       nullptr, true, nullptr},
+       nullptr, true, ref_float_operands},
   };
 }
 

@@ -4,6 +4,7 @@
 // the state tensors in place.
 #include <cmath>
 
+#include "../common/supports.h"
 #include "ref_kernels.h"
 
 namespace pooch::kern {
@@ -150,10 +151,14 @@ void by_dtype(const KernelArgs& a) {
 
 std::vector<KernelVariant> ref_optim_kernels() {
   return {
-      {"sgd_update", "ref", by_dtype<sgd_dense<float>, sgd_dense<double>>, nullptr, true},
-      {"adam_update", "ref", by_dtype<adam_dense<float>, adam_dense<double>>, nullptr, true},
-      {"sgd_update_rows", "ref", by_dtype<sgd_rows<float>, sgd_rows<double>>, nullptr, true},
-      {"adam_update_rows", "ref", by_dtype<adam_rows<float>, adam_rows<double>>, nullptr, true},
+      {"sgd_update", "ref", by_dtype<sgd_dense<float>, sgd_dense<double>>, nullptr, true,
+       ref_float_operands},
+      {"adam_update", "ref", by_dtype<adam_dense<float>, adam_dense<double>>, nullptr, true,
+       ref_float_operands},
+      {"sgd_update_rows", "ref", by_dtype<sgd_rows<float>, sgd_rows<double>>, nullptr, true,
+       ref_float_operands},
+      {"adam_update_rows", "ref", by_dtype<adam_rows<float>, adam_rows<double>>, nullptr, true,
+       ref_float_operands},
   };
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../common/supports.h"
 #include "ref_kernels.h"
 
 namespace pooch::kern {
@@ -268,18 +269,27 @@ void scatter_add_rows_ref(const KernelArgs& a) {
     scatter_add_rows_t<float>(a);
 }
 
+// f32 or f64 throughout; the FFI index u16 or i32 (input 1, or 2 for
+// ffi_grad_weight).
+bool supports_ffi_index1(const KernelArgs& a) {
+  return ref_float_operands(a) && is_index_dtype(a.in[1].dtype);
+}
+bool supports_ffi_index2(const KernelArgs& a) {
+  return ref_float_operands(a) && is_index_dtype(a.in[2].dtype);
+}
+
 }  // namespace
 
 std::vector<KernelVariant> ref_sparse_kernels() {
   return {
-      {"sparse_linear", "ref", sparse_linear_ref, nullptr, true},
+      {"sparse_linear", "ref", sparse_linear_ref, nullptr, true, ref_float_operands},
       {"sparse_linear_grad_weight", "ref", sparse_linear_grad_weight_ref,
-       sparse_linear_grad_weight_ws, true},
-      {"ffi_linear", "ref", ffi_linear_ref, nullptr, true},
-      {"ffi_grad_input", "ref", ffi_grad_input_ref, ffi_grad_input_ws, true},
-      {"ffi_grad_weight", "ref", ffi_grad_weight_ref, nullptr, true},
-      {"topk", "ref", topk_ref, nullptr, true},
-      {"scatter_add_rows", "ref", scatter_add_rows_ref, nullptr, true, nullptr},
+       sparse_linear_grad_weight_ws, true, ref_float_operands},
+      {"ffi_linear", "ref", ffi_linear_ref, nullptr, true, supports_ffi_index1},
+      {"ffi_grad_input", "ref", ffi_grad_input_ref, ffi_grad_input_ws, true, supports_ffi_index1},
+      {"ffi_grad_weight", "ref", ffi_grad_weight_ref, nullptr, true, supports_ffi_index2},
+      {"topk", "ref", topk_ref, nullptr, true, ref_float_operands},
+      {"scatter_add_rows", "ref", scatter_add_rows_ref, nullptr, true, ref_float_operands},
   };
 }
 

@@ -68,7 +68,8 @@ class OpRegistry {
 const OpRegistry& op_registry();
 
 // One per op family (runtime/core/ops/*.cpp).
-void register_dense_ops(OpRegistry& r);      // linear, relu, gelu, dropout, layernorm, add
+void register_dense_ops(OpRegistry& r);      // linear, relu, gelu, dropout, layernorm, add;
+                                             // reshape, transpose
 void register_sparse_ops(OpRegistry& r);     // sparse_linear, ffi_linear, topk
 void register_loss_ops(OpRegistry& r);       // squared_hinge, bce_logits, softmax_xent (+ _csr)
 void register_optimizer_ops(OpRegistry& r);  // sgd/adam updates, dense and row-sparse

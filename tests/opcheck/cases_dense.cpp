@@ -1,9 +1,12 @@
-// Kernel checker cases for the dense family (docs/OPS.md, "Dense"). Forward
-// ops only: the runner derives linear_grad_*, relu_grad, gelu_grad,
-// dropout_grad and layernorm_grad from the backward builders.
+// Kernel checker cases for the dense family (docs/OPS.md, "Dense") and the
+// layout ops (reshape, transpose). Forward ops only: the runner derives
+// linear_grad_*, relu_grad, gelu_grad, dropout_grad, layernorm_grad and the
+// reshapes and transposes of the backward passes from the backward builders.
 //
 // Every op sweeps an empty shape, a single element, odd sizes that fit no
 // vector width or block, and one larger shape that spreads over the threads.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 
@@ -23,12 +26,19 @@ std::string shape_label(const Shape& s) {
   return "shape=" + shape_str(s);
 }
 
-// Elementwise shapes: scalar, empty, one element, odd, three-dimensional and
-// one above the CPU kernels' threading grain.
+// Elementwise shapes: scalar, empty, one element, odd, ranks 3 and 4 (one of
+// them empty), and one above the CPU kernels' threading grain.
 const std::vector<Shape>& elementwise_shapes() {
-  static const std::vector<Shape> shapes = {{},     {0},       {1},    {7},
-                                            {3, 5}, {2, 3, 5}, {0, 4}, {96, 517}};
+  static const std::vector<Shape> shapes = {{},        {0},          {1},       {7},    {3, 5},
+                                            {2, 3, 5}, {2, 1, 3, 4}, {2, 0, 3}, {0, 4}, {96, 517}};
   return shapes;
+}
+
+std::string shape_dims(const Shape& s) {
+  if (s.empty()) return "scalar";
+  std::string r;
+  for (size_t i = 0; i < s.size(); ++i) r += fmt::format("{}{}", i ? "x" : "", s[i]);
+  return r;
 }
 
 // NaN, ±Inf and huge values, for NaN/Inf parity between kernels. Not
@@ -68,6 +78,33 @@ void linear_cases(Rng& rng, std::vector<OpCase>& out) {
       out.push_back(std::move(c));
     }
   }
+  // Ranks 3 and 4: x[..., I], the leading dimensions are rows. Odd sizes, a
+  // size-1 dimension, empty rows and an empty I.
+  struct Nd {
+    Shape x;
+    int64_t O;
+  };
+  for (const Nd& d :
+       {Nd{{2, 3, 5}, 7}, Nd{{3, 1, 4}, 1}, Nd{{2, 1, 3, 4}, 3}, Nd{{2, 3, 2, 17}, 9},
+        Nd{{0, 3, 5}, 4}, Nd{{2, 0, 3, 5}, 2}, Nd{{3, 4, 0}, 2}, Nd{{4, 16, 64}, 48}}) {
+    for (const bool bias : {false, true}) {
+      OpCase c;
+      c.op = "linear";
+      const int64_t I = d.x.back();
+      const double ws = 1.0 / std::sqrt(static_cast<double>(I > 0 ? I : 1));
+      c.inputs = {randn(rng, d.x, "x"), randn(rng, {d.O, I}, "W", ws)};
+      c.grad_inputs = {0, 1};
+      if (bias) {
+        c.inputs.push_back(randn(rng, {d.O}, "b"));
+        c.grad_inputs.push_back(2);
+      }
+      c.rtol = 1e-4;
+      c.atol = 2e-5;
+      c.label =
+          "x=" + shape_dims(d.x) + " O=" + std::to_string(d.O) + (bias ? " bias" : " no bias");
+      out.push_back(std::move(c));
+    }
+  }
 }
 
 void activation_cases(Rng& rng, std::vector<OpCase>& out) {
@@ -104,7 +141,7 @@ void activation_cases(Rng& rng, std::vector<OpCase>& out) {
 }
 
 void dropout_cases(Rng& rng, std::vector<OpCase>& out) {
-  const Shape shapes[] = {{0}, {1}, {3, 5}, {2, 3, 7}, {64, 257}};
+  const Shape shapes[] = {{0}, {1}, {3, 5}, {2, 3, 7}, {2, 2, 3, 5}, {64, 257}};
   for (const Shape& s : shapes)
     for (const double p : {0.0, 0.1, 0.5}) {
       OpCase c;
@@ -163,6 +200,21 @@ void layernorm_cases(Rng& rng, std::vector<OpCase>& out) {
               (d.eps != 1e-5 ? " eps=0.01" : "");
     out.push_back(std::move(c));
   }
+  // Ranks 3 and 4: over the last dimension, mean and rstd shaped as the
+  // leading dimensions.
+  for (const Shape& s : {Shape{2, 3, 7}, Shape{3, 1, 1}, Shape{2, 2, 3, 5}, Shape{0, 3, 4},
+                         Shape{2, 3, 0}, Shape{4, 8, 130}}) {
+    OpCase c;
+    c.op = "layernorm";
+    HostTensor x = randn(rng, s, "x", 2.0);
+    for (double& v : x.values) v = static_cast<float>(v + 3.0);
+    c.inputs = {std::move(x), randn(rng, {s.back()}, "gamma"), randn(rng, {s.back()}, "beta")};
+    c.grad_inputs = {0, 1, 2};
+    c.rtol = 1e-4;
+    c.atol = 2e-5;
+    c.label = "x=" + shape_dims(s);
+    out.push_back(std::move(c));
+  }
 }
 
 void add_cases(Rng& rng, std::vector<OpCase>& out) {
@@ -181,6 +233,99 @@ void add_cases(Rng& rng, std::vector<OpCase>& out) {
   out.push_back(std::move(c));
 }
 
+Attrs shape_attrs(const Shape& target) {
+  Attrs a;
+  a.set("rank", static_cast<double>(target.size()));
+  for (size_t i = 0; i < target.size(); ++i)
+    a.set(fmt::format("d{}", i), static_cast<double>(target[i]));
+  return a;
+}
+
+Attrs perm_attrs(const std::vector<int>& p) {
+  Attrs a;
+  for (size_t k = 0; k < p.size(); ++k) a.set(fmt::format("p{}", k), p[k]);
+  return a;
+}
+
+// Layout ops move elements and compute nothing: every kernel must give the
+// reference's bits exactly.
+void layout_cases(Rng& rng, std::vector<OpCase>& out) {
+  struct Re {
+    Shape x, target;  // target may hold one -1
+  };
+  for (const Re& r :
+       {Re{{2, 3, 4}, {6, 4}}, Re{{2, 3, 4}, {-1}}, Re{{24}, {2, -1, 3, 2}}, Re{{3, 5}, {5, 1, 3}},
+        Re{{0, 3}, {3, 0}}, Re{{5}, {5, 1, 1, 1}}, Re{{}, {1, 1}}, Re{{64, 257}, {257, -1}}}) {
+    OpCase c;
+    c.op = "reshape";
+    c.attrs = shape_attrs(r.target);
+    c.inputs = {randn(rng, r.x, "x")};
+    c.grad_inputs = {0};
+    c.rtol = 0;
+    c.atol = 0;
+    c.label = shape_dims(r.x) + " to " + shape_str(r.target);
+    out.push_back(std::move(c));
+  }
+  struct Tr {
+    Shape x;
+    std::vector<int> p;
+  };
+  for (const Tr& t :
+       {Tr{{3, 5}, {1, 0}}, Tr{{2, 3, 4}, {2, 0, 1}}, Tr{{2, 3, 4}, {0, 2, 1}},
+        Tr{{2, 3, 4, 5}, {3, 1, 0, 2}}, Tr{{2, 1, 3, 1}, {3, 2, 1, 0}}, Tr{{3, 1, 4}, {1, 0, 2}},
+        Tr{{1, 5}, {1, 0}}, Tr{{0, 3}, {1, 0}}, Tr{{2, 0, 3}, {2, 1, 0}}, Tr{{7}, {0}},
+        Tr{{64, 257}, {1, 0}}, Tr{{5, 7, 33, 3}, {0, 3, 2, 1}}}) {
+    OpCase c;
+    c.op = "transpose";
+    c.attrs = perm_attrs(t.p);
+    c.inputs = {randn(rng, t.x, "x")};
+    c.grad_inputs = {0};
+    c.rtol = 0;
+    c.atol = 0;
+    std::string p;
+    for (int d : t.p) p += std::to_string(d);
+    c.label = shape_dims(t.x) + " p=" + p;
+    out.push_back(std::move(c));
+  }
+  // Any dtype: indices move as they are.
+  OpCase ri;
+  ri.op = "reshape";
+  ri.attrs = shape_attrs({4, 3});
+  ri.inputs = {randint(rng, {3, 4}, 0, 1000, DType::i32, "idx")};
+  ri.label = "i32 3x4 to [4,3]";
+  out.push_back(std::move(ri));
+  OpCase ti;
+  ti.op = "transpose";
+  ti.attrs = perm_attrs({1, 2, 0});
+  ti.inputs = {randint(rng, {3, 5, 2}, 0, 65536, DType::u16, "idx")};
+  ti.label = "u16 3x5x2 p=120";
+  out.push_back(std::move(ti));
+}
+
+// f64 operands: the reference computes in double, the fast kernels take f32
+// only, so their supports() refuses these and the checker reports them as
+// "not supported" without running them.
+void f64_cases(Rng& rng, std::vector<OpCase>& out) {
+  auto f64 = [](HostTensor t) {
+    t.dtype = DType::f64;
+    return t;
+  };
+  OpCase relu;
+  relu.op = "relu";
+  relu.inputs = {f64(randn(rng, {3, 5}, "x", 2.0))};
+  keep_off_zero(relu.inputs[0]);
+  relu.grad_inputs = {0};
+  relu.label = "f64 3x5";
+  out.push_back(std::move(relu));
+  OpCase lin;
+  lin.op = "linear";
+  lin.inputs = {f64(randn(rng, {2, 3, 4}, "x")), f64(randn(rng, {5, 4}, "W", 0.5)),
+                f64(randn(rng, {5}, "b"))};
+  lin.grad_inputs = {0, 1, 2};
+  lin.label = "f64 x=2x3x4 O=5 bias";
+  out.push_back(std::move(lin));
+}
+
 }  // namespace
 
 std::vector<OpCase> dense_cases(Rng& rng) {
@@ -190,6 +335,8 @@ std::vector<OpCase> dense_cases(Rng& rng) {
   dropout_cases(rng, out);
   layernorm_cases(rng, out);
   add_cases(rng, out);
+  layout_cases(rng, out);
+  f64_cases(rng, out);
   return out;
 }
 

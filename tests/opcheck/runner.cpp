@@ -311,7 +311,11 @@ void run_host(const KernelVariant& k, std::vector<Buf*> in, std::vector<Buf*> ou
   for (size_t i = 0; i < out.size(); ++i) a.out[i] = view_of(nullptr, out[i]->dtype, out[i]->shape);
   a.attrs = attrs;
   a.ctx = &ctx;
-  // Asked with null data pointers, as the executor asks when it plans.
+  // Asked with null data pointers, as the planner asks. The reference must
+  // take everything the op accepts: it is what every other kernel is judged by.
+  if (k.supports && !k.supports(a))
+    throw CaseError(
+        fmt::format("the reference kernel of '{}' does not support these operands", k.op));
   const size_t ws = k.workspace ? k.workspace(a) : 0;
   // Junk, not zeros: a kernel may not assume a cleared workspace.
   std::vector<std::byte> wsbuf(ws, std::byte{0xFF});
@@ -724,11 +728,28 @@ struct Checker {
     a.workspace = L.ws.bytes ? s.arena + L.ws.off : nullptr;
     a.workspace_bytes = L.ws.bytes;
     a.ctx = &ctx;
+    a.device = s.be->kernel_device();
     s.be->launch(Stream::compute, k, a);
     s.be->stream_sync(Stream::compute);
     s.be->copy_async(Stream::d2h, s.host, s.arena, L.total);
     s.be->stream_sync(Stream::d2h);
     return std::vector<std::byte>(s.host, s.host + L.total);
+  }
+
+  // The arguments as the planner sees them: shapes, dtypes and attributes,
+  // null data pointers, and the backend's device.
+  KernelArgs probe_args(const Slot& s, const Instance& x) const {
+    KernelArgs probe;
+    probe.n_in = static_cast<int>(x.in.size());
+    probe.n_out = static_cast<int>(x.out_desc.size());
+    for (size_t i = 0; i < x.in.size(); ++i)
+      probe.in[i] = view_of(nullptr, x.in[i].dtype, x.in[i].shape);
+    for (size_t i = 0; i < x.out_desc.size(); ++i)
+      probe.out[i] = view_of(nullptr, x.out_desc[i].dtype, x.out_desc[i].shape);
+    probe.attrs = x.attrs;
+    probe.ctx = &ctx;
+    probe.device = s.be->kernel_device();
+    return probe;
   }
 
   void check_variant(Slot& s, const KernelVariant& k, const Instance& x, const Expected& e,
@@ -737,15 +758,7 @@ struct Checker {
         fmt::format("{} {}/{}{}", x.subject, s.name, k.variant, inplace_in >= 0 ? " in-place" : "");
     set_current(what);
     try {
-      KernelArgs probe;
-      probe.n_in = static_cast<int>(x.in.size());
-      probe.n_out = static_cast<int>(x.out_desc.size());
-      for (size_t i = 0; i < x.in.size(); ++i)
-        probe.in[i] = view_of(nullptr, x.in[i].dtype, x.in[i].shape);
-      for (size_t i = 0; i < x.out_desc.size(); ++i)
-        probe.out[i] = view_of(nullptr, x.out_desc[i].dtype, x.out_desc[i].shape);
-      probe.attrs = x.attrs;
-      probe.ctx = &ctx;
+      const KernelArgs probe = probe_args(s, x);
       const size_t ws = k.workspace ? k.workspace(probe) : 0;
       const Layout L = plan_layout(x, ws, s.caps.alignment, inplace_in);
       s.reserve(opt.arena_mib << 20);
@@ -811,6 +824,22 @@ struct Checker {
     }
   }
 
+  // An op that declares output 0 a view of input 0 for these operands is
+  // launched as nothing: its reference output must be input 0's bytes.
+  void check_view(const Instance& x, const Expected& e) {
+    if (!x.def->view || x.in.empty() || e.items.empty() || e.items[0].out != 0) return;
+    std::vector<const TensorDesc*> in;
+    for (const TensorDesc& d : x.in_desc) in.push_back(&d);
+    if (!x.def->view(in, x.graph_attrs)) return;
+    const std::string what = x.subject + " view";
+    const Buf& out = e.items[0].want;
+    if (out.bytes == x.in[0].bytes)
+      rep.pass(what, "output 0 is input 0's bytes");
+    else
+      rep.fail(what, fmt::format("declared a view of input 0, but output 0 {} {} is not its bytes",
+                                 dtype_name(out.dtype), shape_str(out.shape)));
+  }
+
   // The reference, then every variant of every backend.
   void check_instance(const Instance& x) {
     covered.push_back(x.op);
@@ -827,6 +856,7 @@ struct Checker {
       rep.fail(x.subject + " ref", fmt::format("raised: {}", ex.what()));
       return;
     }
+    check_view(x, e);
     if (opt.bench) {
       std::vector<Buf> in = x.in;
       std::vector<Buf> out;
@@ -851,6 +881,20 @@ struct Checker {
            x.in[static_cast<size_t>(inplace)].bytes.size() != x.out_desc[0].bytes()))
         inplace = -1;
       for (const KernelVariant* k : ks) {
+        // A variant that says it does not take these operands is never
+        // planned for them: not a failure, and not run.
+        bool supported = true;
+        try {
+          supported = !k->supports || k->supports(probe_args(s, x));
+        } catch (const std::exception& ex) {
+          rep.fail(fmt::format("{} {}/{}", x.subject, s.name, k->variant),
+                   fmt::format("supports() raised: {}", ex.what()));
+          continue;
+        }
+        if (!supported) {
+          rep.unsupported(fmt::format("{} {}/{}", x.subject, s.name, k->variant));
+          continue;
+        }
         check_variant(s, *k, x, e, -1);
         if (inplace >= 0) check_variant(s, *k, x, e, inplace);
       }
@@ -1196,6 +1240,7 @@ struct Checker {
       if (!d->mutates.empty())
         flags += fmt::format(", mutates inputs {}", fmt::join(d->mutates, ","));
       if (d->inplace_input >= 0) flags += fmt::format(", in place on input {}", d->inplace_input);
+      if (d->view) flags += ", may be a view of input 0";
       std::printf("%s (%d-%d inputs%s)\n", d->name.c_str(), d->min_inputs, d->max_inputs,
                   flags.c_str());
       std::printf("  ref: %s\n", ref_kernel(d->name) ? "yes" : "MISSING");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <new>
 #include <string>
 #include <thread>
@@ -449,6 +450,66 @@ TEST(CpuBackend, FindKernelFollowsTheTableOrder) {
       EXPECT_TRUE(det->deterministic);
     }
   }
+}
+
+// ---- what the kernels say they take (KernelVariant::supports) ---------------
+
+kern::TensorView operand(DType dt, std::initializer_list<int64_t> shape) {
+  kern::TensorView v;
+  v.dtype = dt;
+  v.ndim = static_cast<int>(shape.size());
+  int i = 0;
+  for (int64_t d : shape) v.shape[i++] = d;
+  return v;
+}
+
+kern::KernelArgs args_of(std::initializer_list<kern::TensorView> in,
+                         std::initializer_list<kern::TensorView> out) {
+  kern::KernelArgs a;
+  for (const kern::TensorView& v : in) a.in[a.n_in++] = v;
+  for (const kern::TensorView& v : out) a.out[a.n_out++] = v;
+  return a;
+}
+
+bool supports(const kern::KernelVariant* k, const kern::KernelArgs& a) {
+  return k != nullptr && (!k->supports || k->supports(a));
+}
+
+TEST(CpuKernels, SupportsRefusesWhatAKernelCannotCompute) {
+  auto b = make_cpu_backend(CpuBackendParams{});
+  EXPECT_EQ(b->kernel_device(), nullptr);  // a CPU kernel needs nothing from its device
+  const kern::KernelVariant* relu = b->find_kernel("relu");
+  ASSERT_NE(relu, nullptr);
+  EXPECT_TRUE(
+      supports(relu, args_of({operand(DType::f32, {3, 5})}, {operand(DType::f32, {3, 5})})));
+  EXPECT_FALSE(
+      supports(relu, args_of({operand(DType::f64, {3, 5})}, {operand(DType::f64, {3, 5})})));
+
+  // f32 rank 3 linear is taken; f64 is not (the reference's alone).
+  const kern::KernelVariant* lin = b->find_kernel("linear");
+  ASSERT_NE(lin, nullptr);
+  EXPECT_TRUE(supports(lin, args_of({operand(DType::f32, {2, 3, 4}), operand(DType::f32, {5, 4})},
+                                    {operand(DType::f32, {2, 3, 5})})));
+  EXPECT_FALSE(supports(lin, args_of({operand(DType::f64, {2, 3, 4}), operand(DType::f64, {5, 4})},
+                                     {operand(DType::f64, {2, 3, 5})})));
+
+  // The FFI kernels read u16 or i32 indices, nothing else.
+  for (const kern::KernelVariant& k : b->kernels()) {
+    if (std::string(k.op) != "ffi_linear") continue;
+    auto ffi = [](DType index) {
+      return args_of({operand(DType::f32, {2, 8}), operand(index, {3, 2}),
+                      operand(DType::f32, {3, 2}), operand(DType::f32, {3})},
+                     {operand(DType::f32, {2, 3})});
+    };
+    EXPECT_TRUE(supports(&k, ffi(DType::u16))) << k.variant;
+    EXPECT_TRUE(supports(&k, ffi(DType::i32))) << k.variant;
+    EXPECT_FALSE(supports(&k, ffi(DType::u8))) << k.variant;
+  }
+
+  // Layout ops move elements of any dtype.
+  const kern::KernelVariant* tr = b->find_kernel("transpose");
+  ASSERT_NE(tr, nullptr);
+  EXPECT_TRUE(supports(tr, args_of({operand(DType::u16, {3, 5})}, {operand(DType::u16, {5, 3})})));
 }
 
 }  // namespace

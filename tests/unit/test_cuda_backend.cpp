@@ -393,5 +393,91 @@ TEST(CudaBackend, QueuedFailuresSurfaceAtTheNextSync) {
   b->sync_all();
 }
 
+// ---- supports() and the planned device ---------------------------------------
+
+kern::TensorView operand(DType dt, std::vector<int64_t> shape) {
+  kern::TensorView v;
+  v.dtype = dt;
+  v.ndim = static_cast<int>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) v.shape[i] = shape[i];
+  return v;
+}
+
+const kern::KernelVariant* cuda_kernel(const char* op, const char* variant = nullptr) {
+  for (const kern::KernelVariant& k : kern::cuda_kernels())
+    if (std::string(k.op) == op && (variant == nullptr || std::string(k.variant) == variant))
+      return &k;
+  return nullptr;
+}
+
+// Every CUDA kernel computes in f32; the limits of 32-bit library sizes are
+// refused at plan time rather than reported at launch. No device needed.
+TEST(CudaKernels, SupportsRefusesF64AndSizesBeyondTheLibraries) {
+  kern::KernelArgs a;
+  a.n_in = a.n_out = 1;
+  a.in[0] = operand(DType::f64, {3, 5});
+  a.out[0] = operand(DType::f64, {3, 5});
+  const kern::KernelVariant* relu = cuda_kernel("relu");
+  ASSERT_NE(relu, nullptr);
+  ASSERT_NE(relu->supports, nullptr);
+  EXPECT_FALSE(relu->supports(a));
+  a.in[0].dtype = a.out[0].dtype = DType::f32;
+  EXPECT_TRUE(relu->supports(a));
+
+  // topk above 1024 winners sorts the whole [B, L] with int-sized counts.
+  const kern::KernelVariant* topk = cuda_kernel("topk");
+  ASSERT_NE(topk, nullptr);
+  kern::KernelArgs t;
+  t.n_in = 1;
+  t.n_out = 2;
+  t.in[0] = operand(DType::f32, {4096, 1 << 20});
+  t.out[0] = operand(DType::f32, {4096, 2000});
+  t.out[1] = operand(DType::i32, {4096, 2000});
+  EXPECT_FALSE(topk->supports(t));
+  t.out[0].shape[1] = t.out[1].shape[1] = 100;
+  EXPECT_TRUE(topk->supports(t));
+
+  // The deterministic FFI input gradient sorts the L·K slots in 32 bits.
+  const kern::KernelVariant* det = cuda_kernel("ffi_grad_input", "deterministic");
+  ASSERT_NE(det, nullptr);
+  kern::KernelArgs f;
+  f.n_in = 3;
+  f.n_out = 1;
+  f.in[0] = operand(DType::f32, {32, 670091});
+  f.in[1] = operand(DType::u8, {670091, 32});
+  f.in[2] = operand(DType::f32, {670091, 32});
+  f.out[0] = operand(DType::f32, {32, 65536});
+  EXPECT_FALSE(det->supports(f));  // a u8 index
+  f.in[1].dtype = DType::u16;
+  EXPECT_TRUE(det->supports(f));
+
+  // Layout ops take any dtype.
+  const kern::KernelVariant* tr = cuda_kernel("transpose");
+  ASSERT_NE(tr, nullptr);
+  EXPECT_EQ(tr->supports, nullptr);
+}
+
+// A backend names its device for plan-time queries; the workspace it asks
+// for with it is exact, never above the bound given without one.
+TEST(CudaBackend, KernelDeviceSizesWorkspacesExactly) {
+  SKIP_WITHOUT_DEVICE();
+  auto b = make_cuda_backend(CudaBackendParams{});
+  ASSERT_NE(b->kernel_device(), nullptr);
+  kern::KernelArgs a;
+  a.n_in = 3;
+  a.n_out = 1;
+  a.in[0] = operand(DType::f32, {32, 670091});
+  a.in[1] = operand(DType::u16, {670091, 32});
+  a.in[2] = operand(DType::f32, {670091, 32});
+  a.out[0] = operand(DType::f32, {32, 65536});
+  const kern::KernelVariant* det = cuda_kernel("ffi_grad_input", "deterministic");
+  ASSERT_NE(det, nullptr);
+  const size_t bound = det->workspace(a);
+  a.device = b->kernel_device();
+  const size_t exact = det->workspace(a);
+  EXPECT_GT(exact, 0u);
+  EXPECT_LE(exact, bound);
+}
+
 }  // namespace
 }  // namespace pooch

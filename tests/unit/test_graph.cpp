@@ -109,3 +109,63 @@ TEST(Graph, RejectsTensorsTooLargeToAddress) {
   const int64_t edge = int64_t{1} << 30;
   EXPECT_NO_THROW(g.add_tensor({"edge", DType::f32, {edge, edge}, Role::input}));
 }
+
+TEST(Graph, LinearAndLayernormTakeLeadingDimensionsAsRows) {
+  Graph g;
+  const TensorId x = g.add_tensor({"x", DType::f32, {2, 3, 4}, Role::input});
+  const TensorId w = g.add_tensor({"w", DType::f32, {5, 4}, Role::weight});
+  const TensorId y = g.add_op1("linear", {x, w}, {}, "y");
+  EXPECT_EQ(g.tensor(y).shape, (Shape{2, 3, 5}));
+  const TensorId gamma = g.add_tensor({"gamma", DType::f32, {5}, Role::weight});
+  const TensorId beta = g.add_tensor({"beta", DType::f32, {5}, Role::weight});
+  const std::vector<TensorId> ln = g.add_op("layernorm", {y, gamma, beta}, {});
+  EXPECT_EQ(g.tensor(ln[0]).shape, (Shape{2, 3, 5}));
+  EXPECT_EQ(g.tensor(ln[1]).shape, (Shape{2, 3}));  // mean and rstd per row
+  EXPECT_EQ(g.tensor(ln[2]).shape, (Shape{2, 3}));
+  // The gradient ops follow: dW from dy[2,3,5] and x[2,3,4].
+  const TensorId dy = g.add_tensor({"dy", DType::f32, {2, 3, 5}, Role::input});
+  const std::vector<TensorId> gw = g.add_op("linear_grad_weight", {dy, x}, {});
+  EXPECT_EQ(g.tensor(gw[0]).shape, (Shape{5, 4}));
+  EXPECT_EQ(g.tensor(g.add_op1("linear_grad_input", {dy, w})).shape, (Shape{2, 3, 4}));
+  // Leading dimensions must agree; a rank-1 input is not a matrix.
+  const TensorId x2 = g.add_tensor({"x2", DType::f32, {3, 2, 4}, Role::input});
+  EXPECT_THROW(g.add_op("linear_grad_weight", {dy, x2}, {}), Error);
+  const TensorId v = g.add_tensor({"v", DType::f32, {4}, Role::input});
+  EXPECT_THROW(g.add_op1("linear", {v, w}), Error);
+}
+
+TEST(Graph, ReshapeInfersOneDimensionAndKeepsTheElementCount) {
+  Graph g;
+  const TensorId x = g.add_tensor({"x", DType::f32, {2, 3, 4}, Role::input});
+  const Attrs flat{{"rank", 2}, {"d0", -1}, {"d1", 4}};
+  EXPECT_EQ(g.tensor(g.add_op1("reshape", {x}, flat)).shape, (Shape{6, 4}));
+  EXPECT_THROW(g.add_op1("reshape", {x}, {{"rank", 2}, {"d0", -1}, {"d1", -1}}), Error);
+  EXPECT_THROW(g.add_op1("reshape", {x}, {{"rank", 2}, {"d0", 5}, {"d1", 5}}), Error);
+  EXPECT_THROW(g.add_op1("reshape", {x}, {{"rank", 1}, {"d0", -1}, {"d1", 4}}), Error);
+  EXPECT_THROW(g.add_op1("reshape", {x}, {{"rank", 2}, {"d0", -1}, {"d1", 5}}), Error);
+  EXPECT_THROW(g.add_op1("reshape", {x}, {{"rank", 5}}), Error);
+  const OpDef& def = op_registry().get("reshape");
+  ASSERT_TRUE(static_cast<bool>(def.view));
+  const TensorDesc xd = g.tensor(x);
+  const TensorDesc* in[] = {&xd};
+  EXPECT_TRUE(def.view(in, flat));
+}
+
+TEST(Graph, TransposeIsAViewOnlyWhenSizeOneDimensionsMove) {
+  Graph g;
+  const TensorId x = g.add_tensor({"x", DType::f32, {3, 1, 4}, Role::input});
+  const Attrs swap01{{"p0", 1}, {"p1", 0}, {"p2", 2}};
+  const Attrs swap02{{"p0", 2}, {"p1", 1}, {"p2", 0}};
+  EXPECT_EQ(g.tensor(g.add_op1("transpose", {x}, swap01)).shape, (Shape{1, 3, 4}));
+  EXPECT_EQ(g.tensor(g.add_op1("transpose", {x}, swap02)).shape, (Shape{4, 1, 3}));
+  EXPECT_THROW(g.add_op1("transpose", {x}, {{"p0", 0}, {"p1", 0}, {"p2", 2}}), Error);
+  EXPECT_THROW(g.add_op1("transpose", {x}, {{"p0", 0}, {"p1", 1}}), Error);
+  EXPECT_THROW(g.add_op1("transpose", {x}, {{"p0", 0}, {"p1", 1}, {"p2", 3}}), Error);
+  EXPECT_THROW(g.add_op1("transpose", {x}, {{"p0", 0}, {"p1", 1}, {"p2", 2}, {"p3", 3}}), Error);
+  const OpDef& def = op_registry().get("transpose");
+  ASSERT_TRUE(static_cast<bool>(def.view));
+  const TensorDesc xd = g.tensor(x);
+  const TensorDesc* in[] = {&xd};
+  EXPECT_TRUE(def.view(in, swap01));   // moves only the size-1 dimension
+  EXPECT_FALSE(def.view(in, swap02));  // 3 and 4 swap places
+}

@@ -116,6 +116,9 @@ class CudaBackend final : public Backend {
   void stream_sync(Stream s) override;
 
   std::span<const kern::KernelVariant> kernels() const override;
+  // The launch environment: its device and library handles, for the
+  // kernels' workspace and supports queries while planning.
+  const void* kernel_device() const override { return &env_; }
 
  private:
   void release() noexcept;
@@ -197,7 +200,6 @@ CudaBackend::CudaBackend(const CudaBackendParams& p)
     env_.cusparse = cusparse_;
     env_.device = device_;
     env_.sm_count = prop.multiProcessorCount;
-    kern::cuda::set_query_env(&env_);
   } catch (...) {
     release();
     throw;
@@ -209,7 +211,6 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::release() noexcept {
-  kern::cuda::release_query_env(&env_);
   if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
   // Queued work may still touch the arena and the pool: it finishes first.
   // Errors are ignored here; they were (or can no longer be) reported.
@@ -513,6 +514,7 @@ void CudaBackend::launch(Stream s, const kern::KernelVariant& k, const kern::Ker
   }
   kern::KernelArgs a = args;  // a copy on the stack: the launcher runs now
   a.stream = streams_[i];
+  a.device = &env_;
   env_.failed = false;
   env_.error[0] = '\0';
   {

@@ -1,12 +1,18 @@
 // Dense ops (docs/OPS.md, "Dense"): linear, relu, gelu, dropout, layernorm,
-// add and the gradient ops their backward builders emit. Float operands are
-// f32; f64 is accepted too because the kernel checker builds the same graphs
-// in double for finite differences. Every output takes the dtype of the
-// first operand, and all float operands of one op must agree on it.
+// add and the gradient ops their backward builders emit; and the layout ops
+// (docs/OPS.md, "Layout"): reshape and transpose. Float operands are f32;
+// f64 is accepted too because the kernel checker builds the same graphs in
+// double for finite differences. Every output takes the dtype of the first
+// operand, and all float operands of one op must agree on it.
+//
+// linear and layernorm work over the last dimension of a rank 2 to 4 input:
+// its leading dimensions are rows (x[..., I] is a [rows, I] matrix).
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
+#include "../../../kernels/common/kernel_abi.h"
 #include "../op_registry.h"
 
 namespace pooch {
@@ -21,6 +27,35 @@ void check_dropout_attrs(std::string_view op, const Attrs& a) {
   const double key = a.require(op, "key");
   if (!(key >= 0.0 && key <= 4294967295.0 && key == std::floor(key)))
     op_error(op, fmt::format("attribute key = {} must be a whole number in [0, 2^32)", key));
+}
+
+// A tensor of rank 2 to 4 whose last dimension is the op's width.
+void expect_rows(std::string_view op, const TensorDesc& t, const char* role) {
+  const size_t r = t.shape.size();
+  if (r < 2 || r > static_cast<size_t>(kern::kMaxDims))
+    op_error(op, fmt::format("{} '{}' must have 2 to {} dimensions, got {}", role, t.name,
+                             kern::kMaxDims, shape_str(t.shape)));
+}
+
+// t's leading dimensions (all but the last) equal ref's.
+void expect_same_rows(std::string_view op, const TensorDesc& t, const char* role,
+                      const TensorDesc& ref, const char* ref_role) {
+  if (t.shape.size() != ref.shape.size() ||
+      !std::equal(t.shape.begin(), t.shape.end() - 1, ref.shape.begin()))
+    op_error(op, fmt::format("{} '{}' {} must have the leading dimensions of {} '{}' {}", role,
+                             t.name, shape_str(t.shape), ref_role, ref.name, shape_str(ref.shape)));
+}
+
+// ref's shape with the last dimension replaced by `last`.
+Shape with_last(const Shape& ref, int64_t last) {
+  Shape s = ref;
+  s.back() = last;
+  return s;
+}
+
+// ref's shape without its last dimension.
+Shape leading(const Shape& ref) {
+  return Shape(ref.begin(), ref.end() - 1);
 }
 
 // An elementwise op y = f(x) of any shape, with flops per element.
@@ -65,22 +100,22 @@ void add_linear(OpRegistry& r) {
     const std::string_view op = "linear";
     const TensorDesc& x = *in[0];
     const TensorDesc& w = *in[1];
-    expect_rank(op, x, 2, "input");
+    expect_rows(op, x, "input");
     expect_float(op, x, "input");
     expect_rank(op, w, 2, "weight");
     expect_dtype(op, w, x.dtype, "weight");
-    expect_dim(op, w, 1, "weight", x, 1, "input");
+    expect_dim(op, w, 1, "weight", x, static_cast<int>(x.shape.size()) - 1, "input");
     if (in.size() > 2) {
       const TensorDesc& b = *in[2];
       expect_rank(op, b, 1, "bias");
       expect_dtype(op, b, x.dtype, "bias");
       expect_dim(op, b, 0, "bias", w, 0, "weight");
     }
-    return {OutSpec{x.dtype, Shape{x.shape[0], w.shape[0]}}};
+    return {OutSpec{x.dtype, with_last(x.shape, w.shape[0])}};
   };
   lin.flops = [](InDescs in, InDescs out, const Attrs&) {
     const double bias = in.size() > 2 ? numel(out[0]) : 0.0;
-    return 2.0 * numel(out[0]) * static_cast<double>(in[0]->shape[1]) + bias;
+    return 2.0 * numel(out[0]) * static_cast<double>(in[0]->shape.back()) + bias;
   };
   lin.backward = [](Graph& g, const Node& fwd, std::span<const TensorId> dy,
                     const std::vector<char>& needs, std::span<TensorId> dx) {
@@ -109,15 +144,15 @@ void add_linear(OpRegistry& r) {
     const std::string_view op = "linear_grad_input";
     const TensorDesc& dy = *in[0];
     const TensorDesc& w = *in[1];
-    expect_rank(op, dy, 2, "output gradient");
+    expect_rows(op, dy, "output gradient");
     expect_float(op, dy, "output gradient");
     expect_rank(op, w, 2, "weight");
     expect_dtype(op, w, dy.dtype, "weight");
-    expect_dim(op, w, 0, "weight", dy, 1, "output gradient");
-    return {OutSpec{dy.dtype, Shape{dy.shape[0], w.shape[1]}}};
+    expect_dim(op, w, 0, "weight", dy, static_cast<int>(dy.shape.size()) - 1, "output gradient");
+    return {OutSpec{dy.dtype, with_last(dy.shape, w.shape[1])}};
   };
   gi.flops = [](InDescs in, InDescs out, const Attrs&) {
-    return 2.0 * numel(out[0]) * static_cast<double>(in[0]->shape[1]);
+    return 2.0 * numel(out[0]) * static_cast<double>(in[0]->shape.back());
   };
   r.add(std::move(gi));
 
@@ -128,16 +163,17 @@ void add_linear(OpRegistry& r) {
     const std::string_view op = "linear_grad_weight";
     const TensorDesc& dy = *in[0];
     const TensorDesc& x = *in[1];
-    expect_rank(op, dy, 2, "output gradient");
+    expect_rows(op, dy, "output gradient");
     expect_float(op, dy, "output gradient");
-    expect_rank(op, x, 2, "input");
+    expect_rows(op, x, "input");
     expect_dtype(op, x, dy.dtype, "input");
-    expect_dim(op, x, 0, "input", dy, 0, "output gradient");
-    return {OutSpec{dy.dtype, Shape{dy.shape[1], x.shape[1]}},
-            OutSpec{dy.dtype, Shape{dy.shape[1]}}};
+    expect_same_rows(op, x, "input", dy, "output gradient");
+    return {OutSpec{dy.dtype, Shape{dy.shape.back(), x.shape.back()}},
+            OutSpec{dy.dtype, Shape{dy.shape.back()}}};
   };
   gw.flops = [](InDescs in, InDescs out, const Attrs&) {
-    return 2.0 * numel(out[0]) * static_cast<double>(in[0]->shape[0]) + numel(in[0]);
+    const double rows = numel(in[0]) / std::max(1.0, static_cast<double>(in[0]->shape.back()));
+    return 2.0 * numel(out[0]) * rows + numel(in[0]);
   };
   r.add(std::move(gw));
 }
@@ -197,19 +233,21 @@ void add_layernorm(OpRegistry& r) {
   ln.infer = [](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
     const std::string_view op = "layernorm";
     const TensorDesc& x = *in[0];
-    expect_rank(op, x, 2, "input");
+    expect_rows(op, x, "input");
     expect_float(op, x, "input");
+    const int last = static_cast<int>(x.shape.size()) - 1;
     for (int i = 1; i < 3; ++i) {
       const char* role = i == 1 ? "gamma" : "beta";
       expect_rank(op, *in[i], 1, role);
       expect_dtype(op, *in[i], x.dtype, role);
-      expect_dim(op, *in[i], 0, role, x, 1, "input");
+      expect_dim(op, *in[i], 0, role, x, last, "input");
     }
     const double eps = attrs.get("eps", 1e-5);
     if (!std::isfinite(eps) || eps < 0.0)
       op_error(op, fmt::format("attribute eps = {} must be finite and >= 0", eps));
-    return {OutSpec{x.dtype, x.shape}, OutSpec{x.dtype, Shape{x.shape[0]}},
-            OutSpec{x.dtype, Shape{x.shape[0]}}};
+    // One mean and one rstd per row, shaped as the leading dimensions.
+    return {OutSpec{x.dtype, x.shape}, OutSpec{x.dtype, leading(x.shape)},
+            OutSpec{x.dtype, leading(x.shape)}};
   };
   // Per element: the mean (1), the variance (3) and the affine normalisation (4).
   ln.flops = [](InDescs in, InDescs, const Attrs&) { return 8.0 * numel(in[0]); };
@@ -233,20 +271,24 @@ void add_layernorm(OpRegistry& r) {
   lg.infer = [](InDescs in, const Attrs&) -> std::vector<OutSpec> {
     const std::string_view op = "layernorm_grad";
     const TensorDesc& dy = *in[0];
-    expect_rank(op, dy, 2, "output gradient");
+    expect_rows(op, dy, "output gradient");
     expect_float(op, dy, "output gradient");
     expect_like(op, *in[1], "input", dy, "output gradient");
+    const int last = static_cast<int>(dy.shape.size()) - 1;
     expect_rank(op, *in[2], 1, "gamma");
     expect_dtype(op, *in[2], dy.dtype, "gamma");
-    expect_dim(op, *in[2], 0, "gamma", dy, 1, "output gradient");
+    expect_dim(op, *in[2], 0, "gamma", dy, last, "output gradient");
     for (int i = 3; i < 5; ++i) {
       const char* role = i == 3 ? "mean" : "rstd";
-      expect_rank(op, *in[i], 1, role);
       expect_dtype(op, *in[i], dy.dtype, role);
-      expect_dim(op, *in[i], 0, role, dy, 0, "output gradient");
+      if (in[i]->shape != leading(dy.shape))
+        op_error(op, fmt::format("{} '{}' {} must be shaped as the leading dimensions of the "
+                                 "output gradient '{}' {}",
+                                 role, in[i]->name, shape_str(in[i]->shape), dy.name,
+                                 shape_str(dy.shape)));
     }
-    return {OutSpec{dy.dtype, dy.shape}, OutSpec{dy.dtype, Shape{dy.shape[1]}},
-            OutSpec{dy.dtype, Shape{dy.shape[1]}}};
+    return {OutSpec{dy.dtype, dy.shape}, OutSpec{dy.dtype, Shape{dy.shape.back()}},
+            OutSpec{dy.dtype, Shape{dy.shape.back()}}};
   };
   // Per element: g = dy·γ, xhat (2), the two row sums (3), dx (4), dγ (2), dβ (1).
   lg.flops = [](InDescs in, InDescs, const Attrs&) { return 13.0 * numel(in[0]); };
@@ -265,6 +307,157 @@ void add_add(OpRegistry& r) {
   r.add(std::move(add));
 }
 
+// ---- layout: reshape, transpose ------------------------------------------------
+
+bool whole_in(double v, double lo, double hi) {
+  return v >= lo && v <= hi && v == std::floor(v);
+}
+
+// Attributes d<i> (or p<i>) for i >= rank are a mistake, not something to ignore.
+void expect_no_attrs_past(std::string_view op, const Attrs& a, char prefix, int rank) {
+  for (int i = rank; i < kern::kMaxDims; ++i) {
+    const std::string k = fmt::format("{}{}", prefix, i);
+    if (a.has(k))
+      op_error(op, fmt::format("attribute {} is given, but the shape has {} dimension{}", k, rank,
+                               rank == 1 ? "" : "s"));
+  }
+}
+
+// reshape's target: `rank` dimensions d0..d(rank-1), one of them possibly -1
+// (whatever the others leave of the input's elements).
+Shape reshape_target(std::string_view op, const TensorDesc& x, const Attrs& a) {
+  const double r = a.require(op, "rank");
+  if (!whole_in(r, 0, kern::kMaxDims))
+    op_error(op, fmt::format("attribute rank = {} must be a whole number in [0, {}]", r,
+                             kern::kMaxDims));
+  const int rank = static_cast<int>(r);
+  expect_no_attrs_past(op, a, 'd', rank);
+  Shape s(static_cast<size_t>(rank), 0);
+  int inferred = -1;
+  double known = 1;
+  for (int i = 0; i < rank; ++i) {
+    const std::string k = fmt::format("d{}", i);
+    const double v = a.require(op, k);
+    if (v == -1) {
+      if (inferred >= 0)
+        op_error(op, fmt::format("attributes d{} and {} are both -1; at most one dimension is "
+                                 "inferred",
+                                 inferred, k));
+      inferred = i;
+      continue;
+    }
+    if (!whole_in(v, 0, 9007199254740992.0))
+      op_error(op, fmt::format("attribute {} = {} must be a whole number >= 0, or -1", k, v));
+    s[static_cast<size_t>(i)] = static_cast<int64_t>(v);
+    known *= v;
+  }
+  const int64_t n = x.numel();
+  if (inferred >= 0) {
+    if (known == 0)
+      op_error(op, fmt::format("the -1 in d{} cannot be inferred: the other dimensions of {} hold "
+                               "no elements",
+                               inferred, shape_str(s)));
+    const auto k = static_cast<int64_t>(known);
+    if (known > 9007199254740992.0 || n % k != 0)
+      op_error(op, fmt::format("input '{}' {} has {} elements, which the other dimensions ({} "
+                               "elements) do not divide",
+                               x.name, shape_str(x.shape), n, k));
+    s[static_cast<size_t>(inferred)] = n / k;
+  }
+  double total = 1;
+  for (int64_t d : s) total *= static_cast<double>(d);
+  if (total != static_cast<double>(n))
+    op_error(op, fmt::format("input '{}' {} has {} elements; the target shape {} has {:.0f}",
+                             x.name, shape_str(x.shape), n, shape_str(s), total));
+  return s;
+}
+
+// The attributes that reshape to `shape`.
+Attrs reshape_attrs(const Shape& shape) {
+  Attrs a;
+  a.set("rank", static_cast<double>(shape.size()));
+  for (size_t i = 0; i < shape.size(); ++i)
+    a.set(fmt::format("d{}", i), static_cast<double>(shape[i]));
+  return a;
+}
+
+// transpose's permutation: p0..p(n-1), each of 0..n-1 once (n = the input's rank).
+std::vector<int> transpose_perm(std::string_view op, const TensorDesc& x, const Attrs& a) {
+  const int n = static_cast<int>(x.shape.size());
+  expect_no_attrs_past(op, a, 'p', n);
+  std::vector<int> p(static_cast<size_t>(n));
+  std::vector<char> seen(static_cast<size_t>(n), 0);
+  for (int k = 0; k < n; ++k) {
+    const std::string key = fmt::format("p{}", k);
+    const double v = a.require(op, key);
+    if (!whole_in(v, 0, n - 1))
+      op_error(op, fmt::format("attribute {} = {} must name a dimension of input '{}' {} (0 to {})",
+                               key, v, x.name, shape_str(x.shape), n - 1));
+    const auto d = static_cast<size_t>(v);
+    if (seen[d])
+      op_error(op, fmt::format("dimension {} appears twice in the permutation; p0..p{} must name "
+                               "each dimension once",
+                               d, n - 1));
+    seen[d] = 1;
+    p[static_cast<size_t>(k)] = static_cast<int>(d);
+  }
+  return p;
+}
+
+void add_layout(OpRegistry& r) {
+  OpDef rs;
+  rs.name = "reshape";
+  rs.min_inputs = rs.max_inputs = 1;
+  rs.infer = [](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
+    return {OutSpec{in[0]->dtype, reshape_target("reshape", *in[0], attrs)}};
+  };
+  rs.flops = [](InDescs, InDescs, const Attrs&) { return 0.0; };
+  // Row-major elements in the same order: always the input's bytes.
+  rs.view = [](InDescs, const Attrs&) { return true; };
+  rs.backward = [](Graph& g, const Node& fwd, std::span<const TensorId> dy,
+                   const std::vector<char>& needs, std::span<TensorId> dx) {
+    if (dy[0] == kNoTensor || !needs[0]) return;
+    const TensorId x = fwd.inputs[0];
+    dx[0] = g.add_op1("reshape", {dy[0]}, reshape_attrs(g.tensor(x).shape), grad_name(g, x),
+                      Role::gradient);
+  };
+  r.add(std::move(rs));
+
+  OpDef tr;
+  tr.name = "transpose";
+  tr.min_inputs = tr.max_inputs = 1;
+  tr.infer = [](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
+    const std::vector<int> p = transpose_perm("transpose", *in[0], attrs);
+    Shape s(p.size());
+    for (size_t k = 0; k < p.size(); ++k) s[k] = in[0]->shape[static_cast<size_t>(p[k])];
+    return {OutSpec{in[0]->dtype, s}};
+  };
+  tr.flops = [](InDescs, InDescs, const Attrs&) { return 0.0; };
+  // The bytes stay in place when the dimensions of size above 1 keep their
+  // order: only size-1 dimensions move.
+  tr.view = [](InDescs in, const Attrs& attrs) {
+    const std::vector<int> p = transpose_perm("transpose", *in[0], attrs);
+    int last = -1;
+    for (int d : p) {
+      if (in[0]->shape[static_cast<size_t>(d)] == 1) continue;
+      if (d < last) return false;
+      last = d;
+    }
+    return true;
+  };
+  // The inverse permutation: dx = transpose(dy, q) with q[p[k]] = k.
+  tr.backward = [](Graph& g, const Node& fwd, std::span<const TensorId> dy,
+                   const std::vector<char>& needs, std::span<TensorId> dx) {
+    if (dy[0] == kNoTensor || !needs[0]) return;
+    const TensorId x = fwd.inputs[0];
+    const std::vector<int> p = transpose_perm("transpose", g.tensor(x), fwd.attrs);
+    Attrs inv;
+    for (size_t k = 0; k < p.size(); ++k) inv.set(fmt::format("p{}", p[k]), static_cast<double>(k));
+    dx[0] = g.add_op1("transpose", {dy[0]}, inv, grad_name(g, x), Role::gradient);
+  };
+  r.add(std::move(tr));
+}
+
 }  // namespace
 
 void register_dense_ops(OpRegistry& r) {
@@ -273,6 +466,7 @@ void register_dense_ops(OpRegistry& r) {
   add_dropout(r);
   add_layernorm(r);
   add_add(r);
+  add_layout(r);
 }
 
 }  // namespace pooch
