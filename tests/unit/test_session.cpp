@@ -259,6 +259,42 @@ TEST(Session, AnMlpClassifierIgnoresPaddingRows) {
   EXPECT_LT(last, 0.1f * first);
 }
 
+// A reshape, and a transpose that moves only a size-1 dimension, are views:
+// the planner aliases their buffers and launches nothing; a transpose that
+// moves data runs its copy kernel. Checked through the schedule's offsets.
+TEST(Schedule, ViewsAliasTheirInputAndLaunchNothing) {
+  Graph g;
+  const TensorId x = g.add_tensor({"x", DType::f32, {2, 6}, Role::input});
+  const TensorId h = g.add_op1("relu", {x}, {}, "h");
+  const TensorId r = g.add_op1("reshape", {h}, {{"rank", 3}, {"d0", 2}, {"d1", 3}, {"d2", 2}}, "r");
+  const TensorId u = g.add_op1("reshape", {r}, {{"rank", 3}, {"d0", 2}, {"d1", 1}, {"d2", 6}}, "u");
+  const TensorId v = g.add_op1("transpose", {u}, {{"p0", 1}, {"p1", 0}, {"p2", 2}}, "v");  // [1,2,6]
+  const TensorId t = g.add_op1("transpose", {r}, {{"p0", 0}, {"p1", 2}, {"p2", 1}}, "t");  // [2,2,3]
+  g.mark_output(v);
+  g.mark_output(t);
+  SessionConfig cfg = cpu_config();
+  cfg.train = false;
+  Session s(std::make_shared<Model>(model_from_graph(std::move(g))), cfg);
+  const Schedule& sc = *s.schedule(ProgramKind::forward);
+  EXPECT_EQ(sc.tensor_offset[static_cast<size_t>(r)], sc.tensor_offset[static_cast<size_t>(h)]);
+  EXPECT_EQ(sc.tensor_offset[static_cast<size_t>(u)], sc.tensor_offset[static_cast<size_t>(h)]);
+  EXPECT_EQ(sc.tensor_offset[static_cast<size_t>(v)], sc.tensor_offset[static_cast<size_t>(h)]);
+  EXPECT_NE(sc.tensor_offset[static_cast<size_t>(t)], sc.tensor_offset[static_cast<size_t>(h)]);
+  std::vector<std::string> ops;
+  for (const Launch& l : sc.launches) ops.push_back(s.graph().nodes()[l.node].op);
+  EXPECT_EQ(ops, (std::vector<std::string>{"relu", "transpose"}));
+  // The aliased buffer lives as long as its last view (v is an output).
+  const std::vector<float> xv{1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12};
+  s.set_input("x", xv.data(), 48);
+  s.run(ProgramKind::forward);
+  std::vector<float> vv(12), tv(12);
+  s.get_output("v", vv.data(), 48);
+  s.get_output("t", tv.data(), 48);
+  EXPECT_EQ(vv, (std::vector<float>{1, 0, 3, 0, 5, 0, 7, 0, 9, 0, 11, 0}));
+  // t[a][c][b] = r[a][b][c], r = relu(x) as [2,3,2].
+  EXPECT_EQ(tv, (std::vector<float>{1, 3, 5, 0, 0, 0, 7, 9, 11, 0, 0, 0}));
+}
+
 // A model file carries its graph: a hand-built model (no family, no spec)
 // saved and loaded again runs the same, with the same named inputs and outputs.
 TEST(ModelFile, AModelWithoutAFamilyLoadsFromItsGraph) {
