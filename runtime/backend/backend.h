@@ -84,6 +84,12 @@ class Backend {
 struct CpuBackendParams {
   size_t device_budget = 0;  // 0: no limit but host memory
   int threads = 0;           // kernel threads; 0: all cores
+  // An emulated link between the "device" arena and host memory, so that
+  // overlap and the simulator are tested without a GPU: a copy that crosses
+  // it takes at least link_latency + bytes / link_bandwidth seconds (each
+  // way). 0: copies run at memcpy speed.
+  double link_bandwidth = 0;  // bytes per second
+  double link_latency = 0;    // seconds
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendParams& p);

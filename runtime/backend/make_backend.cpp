@@ -33,6 +33,8 @@ std::unique_ptr<Backend> make_backend(DeviceKind kind, const BackendParams& p, B
   CpuBackendParams cp;
   cp.device_budget = p.device_budget;
   cp.threads = p.threads;
+  cp.link_bandwidth = p.link_bandwidth;
+  cp.link_latency = p.link_latency;
   return make_cpu_backend(cp);
 }
 

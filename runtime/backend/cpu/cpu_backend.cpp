@@ -69,7 +69,12 @@ std::byte* take_host_memory(size_t bytes, const char* what, const char* fix) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(const CpuBackendParams& p) : budget_(p.device_budget) {
+CpuBackend::CpuBackend(const CpuBackendParams& p)
+    : budget_(p.device_budget), link_bandwidth_(p.link_bandwidth), link_latency_(p.link_latency) {
+  if (!(p.link_bandwidth >= 0) || !(p.link_latency >= 0))
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cpu backend: link bandwidth {} and latency {} must not be negative",
+                            p.link_bandwidth, p.link_latency));
   if (p.threads < 0)
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("cpu backend: threads is {}; pass a positive count, or 0 for all cores",
@@ -211,6 +216,14 @@ void CpuBackend::copy_async(Stream s, void* dst, const void* src, size_t n) {
   t.dst = dst;
   t.src = src;
   t.n = n;
+  // A copy with exactly one side in the arena crosses the emulated link.
+  auto in_arena = [&](const void* q) {
+    const auto* b = static_cast<const std::byte*>(q);
+    return arena_ && b >= arena_ && b < arena_ + arena_bytes_;
+  };
+  if ((link_bandwidth_ > 0 || link_latency_ > 0) && in_arena(dst) != in_arena(src))
+    t.link_seconds =
+        link_latency_ + (link_bandwidth_ > 0 ? static_cast<double>(n) / link_bandwidth_ : 0);
   w.push(t);
 }
 

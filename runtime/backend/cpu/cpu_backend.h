@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
 
   size_t budget_ = 0;
   int threads_ = 1;
+  double link_bandwidth_ = 0, link_latency_ = 0;
   bool arena_reserved_ = false;
   std::byte* arena_ = nullptr;
   size_t arena_bytes_ = 0;

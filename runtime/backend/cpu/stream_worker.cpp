@@ -1,8 +1,10 @@
 #include "stream_worker.h"
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <new>
+#include <thread>
 
 #include "../../core/error.h"
 
@@ -87,9 +89,15 @@ void StreamWorker::execute(const Task& t) {
       case Task::Kind::kernel:
         t.fn(*t.args);
         break;
-      case Task::Kind::copy:
+      case Task::Kind::copy: {
+        const auto start = std::chrono::steady_clock::now();
         if (t.n != 0) std::memcpy(t.dst, t.src, t.n);
+        // The emulated link sleeps (never spins) for the rest of the copy's time.
+        if (t.link_seconds > 0)
+          std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                    std::chrono::duration<double>(t.link_seconds)));
         break;
+      }
       case Task::Kind::record:
         t.event->complete(t.count);
         break;

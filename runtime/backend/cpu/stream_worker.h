@@ -48,6 +48,7 @@ struct Task {
   void* dst = nullptr;
   const void* src = nullptr;
   size_t n = 0;
+  double link_seconds = 0;  // an emulated link: the copy takes at least this long
   // record / wait
   EventState* event = nullptr;
   uint64_t count = 0;
