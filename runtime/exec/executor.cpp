@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "../core/error.h"
@@ -10,7 +11,7 @@
 namespace pooch {
 
 Executor::Executor(Backend& backend, size_t arena_bytes, size_t host_bytes)
-    : backend_(backend), arena_bytes_(arena_bytes) {
+    : backend_(backend), arena_bytes_(arena_bytes), host_bytes_(host_bytes) {
   const size_t align = backend.caps().alignment;
   backend.arena_reserve(std::max(arena_bytes, align));
   backend.host_pool_reserve(std::max(host_bytes, align));
@@ -25,15 +26,14 @@ Executor::~Executor() {
   }
 }
 
-BoundSchedule Executor::bind(const Schedule& s, const std::vector<size_t>& host_offset,
-                             const kern::KernelContext* ctx) {
-  if (s.arena_bytes > arena_bytes_)
+BoundSchedule Executor::bind(const Schedule& s, const kern::KernelContext* ctx) {
+  if (s.arena_bytes > arena_bytes_ || s.host_bytes > host_bytes_)
     throw Error(POOCH_ERR_OUT_OF_BUDGET,
-                fmt::format("the program needs an arena of {} bytes; the session reserved {}",
-                            s.arena_bytes, arena_bytes_));
+                fmt::format("the program needs an arena of {} bytes and a host pool of {}; the "
+                            "session reserved {} and {}",
+                            s.arena_bytes, s.host_bytes, arena_bytes_, host_bytes_));
   BoundSchedule b;
   b.schedule = &s;
-  b.host_offset = host_offset;
   std::byte* base = backend_.arena_base();
   b.args.reserve(s.launches.size());
   for (const Launch& l : s.launches) {
@@ -48,38 +48,57 @@ BoundSchedule Executor::bind(const Schedule& s, const std::vector<size_t>& host_
   return b;
 }
 
-void Executor::run(const BoundSchedule& b, const Graph& g) {
+void Executor::step(const BoundSchedule& b, const ScheduleStep& st) {
   const Schedule& s = *b.schedule;
   std::byte* base = backend_.arena_base();
   std::byte* host = backend_.host_pool_base();
-  for (const ScheduleStep& st : s.steps) {
-    switch (st.kind) {
-      case StepKind::launch: {
-        const auto i = static_cast<size_t>(st.index);
-        backend_.launch(st.stream, *s.launches[i].kernel, b.args[i]);
-        break;
-      }
-      case StepKind::copy_in: {
-        const auto t = static_cast<size_t>(st.index);
-        backend_.copy_async(st.stream, base + s.tensor_offset[t], host + b.host_offset[t],
-                            g.tensor(st.index).bytes());
-        break;
-      }
-      case StepKind::copy_out: {
-        const auto t = static_cast<size_t>(st.index);
-        backend_.copy_async(st.stream, host + b.host_offset[t], base + s.tensor_offset[t],
-                            g.tensor(st.index).bytes());
-        break;
-      }
-      case StepKind::record:
-        backend_.event_record(st.stream, b.events[static_cast<size_t>(st.index)]);
-        break;
-      case StepKind::wait:
-        backend_.stream_wait(st.stream, b.events[static_cast<size_t>(st.index)]);
-        break;
+  switch (st.kind) {
+    case StepKind::launch: {
+      const auto i = static_cast<size_t>(st.index);
+      backend_.launch(st.stream, *s.launches[i].kernel, b.args[i]);
+      break;
     }
+    case StepKind::copy_in: {
+      const ScheduledCopy& c = s.copies[static_cast<size_t>(st.index)];
+      backend_.copy_async(st.stream, base + c.device_offset, host + c.host_offset, c.bytes);
+      break;
+    }
+    case StepKind::copy_out: {
+      const ScheduledCopy& c = s.copies[static_cast<size_t>(st.index)];
+      backend_.copy_async(st.stream, host + c.host_offset, base + c.device_offset, c.bytes);
+      break;
+    }
+    case StepKind::record:
+      backend_.event_record(st.stream, b.events[static_cast<size_t>(st.index)]);
+      break;
+    case StepKind::wait:
+      backend_.stream_wait(st.stream, b.events[static_cast<size_t>(st.index)]);
+      break;
+  }
+}
+
+void Executor::run(const BoundSchedule& b) {
+  for (const ScheduleStep& st : b.schedule->steps) step(b, st);
+  backend_.sync_all();
+}
+
+StepTimes Executor::run_timed(const BoundSchedule& b) {
+  const Schedule& s = *b.schedule;
+  StepTimes t;
+  t.launch_seconds.assign(s.launches.size(), 0);
+  t.copy_seconds.assign(s.copies.size(), 0);
+  for (const ScheduleStep& st : s.steps) {
+    const auto start = std::chrono::steady_clock::now();
+    step(b, st);
+    backend_.stream_sync(st.stream);
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (st.kind == StepKind::launch) t.launch_seconds[static_cast<size_t>(st.index)] = sec;
+    if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out)
+      t.copy_seconds[static_cast<size_t>(st.index)] = sec;
   }
   backend_.sync_all();
+  return t;
 }
 
 void Executor::write(size_t offset, const void* src, size_t bytes) {

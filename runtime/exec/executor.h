@@ -16,7 +16,12 @@ struct BoundSchedule {
   const Schedule* schedule = nullptr;
   std::vector<kern::KernelArgs> args;  // per launch, pointing into the arena
   std::vector<EventId> events;         // the backend's event for each schedule event
-  std::vector<size_t> host_offset;     // staging slot per tensor (from the session layout)
+};
+
+// What a timed run measured (the profiler's raw material).
+struct StepTimes {
+  std::vector<double> launch_seconds;  // per launch of the schedule
+  std::vector<double> copy_seconds;    // per copy of the schedule
 };
 
 class Executor {
@@ -28,14 +33,15 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // Binds a schedule planned for an arena of at most arena_bytes(). `ctx` is
-  // the kernel context every launch reads; it must outlive the binding.
-  // `host_offset`: the staging slot of every tensor the schedule copies.
-  BoundSchedule bind(const Schedule& s, const std::vector<size_t>& host_offset,
-                     const kern::KernelContext* ctx);
+  // Binds a schedule planned for at most arena_bytes() and host_bytes().
+  // `ctx` is the kernel context every launch reads; it must outlive the binding.
+  BoundSchedule bind(const Schedule& s, const kern::KernelContext* ctx);
   // Queues the schedule's steps and waits for all of them; rethrows the
   // first error a kernel or copy raised.
-  void run(const BoundSchedule& b, const Graph& g);
+  void run(const BoundSchedule& b);
+  // The same, one step at a time, timing each launch and copy on the host
+  // clock (the profiler's run: nothing overlaps, so each time is its own).
+  StepTimes run_timed(const BoundSchedule& b);
 
   // Synchronous copies between host memory and an arena offset.
   void write(size_t offset, const void* src, size_t bytes);
@@ -47,11 +53,14 @@ class Executor {
 
   std::byte* host_pool() const { return backend_.host_pool_base(); }
   size_t arena_bytes() const { return arena_bytes_; }
+  size_t host_bytes() const { return host_bytes_; }
   Backend& backend() const { return backend_; }
 
  private:
+  void step(const BoundSchedule& b, const ScheduleStep& st);
   Backend& backend_;
   size_t arena_bytes_ = 0;
+  size_t host_bytes_ = 0;
 };
 
 }  // namespace pooch

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "../core/error.h"
 #include "../core/op_registry.h"
@@ -122,105 +123,261 @@ const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
                           node.op, b.name(), operands_str(args)));
 }
 
+namespace {
+
+// Views share their input's buffer: every tensor maps to the root it aliases.
+struct Aliases {
+  std::vector<TensorId> root;
+  std::vector<char> is_view;     // per program position
+  std::vector<char> has_alias;   // per tensor: some view aliases it
+};
+
+Aliases find_aliases(const Graph& g, const ProgramRequest& req) {
+  const size_t n_t = g.num_tensors();
+  Aliases a;
+  a.root.resize(n_t);
+  a.has_alias.assign(n_t, 0);
+  for (size_t t = 0; t < n_t; ++t) a.root[t] = static_cast<TensorId>(t);
+  a.is_view.assign(req.nodes.size(), 0);
+  for (size_t p = 0; p < req.nodes.size(); ++p) {
+    const Node& nd = g.nodes()[static_cast<size_t>(req.nodes[p])];
+    if (!runs_as_view(g, nd)) continue;
+    a.is_view[p] = 1;
+    const TensorId r = a.root[static_cast<size_t>(nd.inputs[0])];
+    a.root[static_cast<size_t>(nd.outputs[0])] = r;
+    a.has_alias[static_cast<size_t>(r)] = 1;
+  }
+  return a;
+}
+
+// One stretch of time a tensor spends in the arena, in launch slots.
+struct Interval {
+  int first = -1, last = -1;
+  int request = -1;
+};
+
+}  // namespace
+
+std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req) {
+  std::vector<SavedActivation> out;
+  if (req.split < 0) return out;
+  const auto& nodes = g.nodes();
+  const size_t n_t = g.num_tensors();
+  const Aliases al = find_aliases(g, req);
+  std::vector<int> producer(n_t, -1), last_fwd(n_t, -1), first_bwd(n_t, -1);
+  for (int p = 0; p < static_cast<int>(req.nodes.size()); ++p) {
+    if (al.is_view[static_cast<size_t>(p)]) continue;
+    const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
+    for (TensorId x : nd.inputs) {
+      const auto r = static_cast<size_t>(al.root[static_cast<size_t>(x)]);
+      if (p <= req.split)
+        last_fwd[r] = std::max(last_fwd[r], p);
+      else if (first_bwd[r] < 0)
+        first_bwd[r] = p;
+    }
+    for (TensorId o : nd.outputs)
+      if (producer[static_cast<size_t>(o)] < 0) producer[static_cast<size_t>(o)] = p;
+  }
+  std::vector<char> is_output(n_t, 0);
+  for (TensorId o : req.outputs) is_output[static_cast<size_t>(al.root[static_cast<size_t>(o)])] = 1;
+  for (size_t t = 0; t < n_t; ++t) {
+    const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
+    const int p = producer[t];
+    if (d.role != Role::activation || al.root[t] != static_cast<TensorId>(t) || al.has_alias[t] ||
+        is_output[t] || p < 0 || p > req.split || first_bwd[t] < 0)
+      continue;
+    const int lf = std::max(p, last_fwd[t]);
+    if (first_bwd[t] <= lf + 1) continue;  // no gap to use
+    const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
+    const OpDef& def = op_registry().get(nd.op);
+    SavedActivation sa;
+    sa.tensor = static_cast<TensorId>(t);
+    sa.producer = p;
+    sa.last_forward = lf;
+    sa.first_backward = first_bwd[t];
+    sa.recomputable = nd.outputs.size() == 1 && def.mutates.empty();
+    sa.bytes = d.bytes();
+    out.push_back(sa);
+  }
+  return out;
+}
+
 Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend& backend,
                        const SessionLayout& layout, const PlanOptions& opt) {
   const auto& nodes = g.nodes();
   const size_t n_t = g.num_tensors();
   const int n_pos = static_cast<int>(req.nodes.size());
+  auto node_at = [&](int p) -> const Node& {
+    return nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
+  };
   Schedule s;
   s.training = req.training;
+  const Aliases al = find_aliases(g, req);
+  auto root = [&](TensorId t) { return al.root[static_cast<size_t>(t)]; };
 
-  // Views share their input's buffer: every tensor maps to the root it aliases.
-  std::vector<TensorId> root(n_t);
-  for (size_t t = 0; t < n_t; ++t) root[t] = static_cast<TensorId>(t);
-  std::vector<char> is_view(static_cast<size_t>(n_pos), 0);
+  // What happens to each saved activation.
+  s.residency.assign(n_t, Residency::keep);
+  std::vector<const SavedActivation*> saved_of(n_t, nullptr);
+  const std::vector<SavedActivation> saved = saved_activations(g, req);
+  if (!req.residency.empty())
+    for (const SavedActivation& sa : saved) {
+      const Residency r = req.residency[static_cast<size_t>(sa.tensor)];
+      if (r == Residency::recompute && !sa.recomputable) continue;
+      s.residency[static_cast<size_t>(sa.tensor)] = r;
+      saved_of[static_cast<size_t>(sa.tensor)] = &sa;
+    }
+
+  // The launch slots: every node that is not a view, in program order, with
+  // recompute launches inserted where a backward node first needs a tensor
+  // that was recomputed away (its producer's own inputs first, recursively).
+  struct Slot {
+    int pos;                     // program position of the node
+    TensorId target = kNoTensor;  // a recompute launch: the tensor it remakes
+  };
+  std::vector<Slot> slots;
+  std::vector<int> slot_of_pos(static_cast<size_t>(n_pos), -1);
+  std::vector<char> back(n_t, 0);     // an out-of-core tensor is back on the device
+  std::vector<int> back_at(n_t, -1);  // the slot that first reads it again
+  std::function<void(TensorId)> bring_back = [&](TensorId x) {
+    const auto r = static_cast<size_t>(root(x));
+    if (s.residency[r] == Residency::keep || back[r]) return;
+    back[r] = 1;
+    if (s.residency[r] == Residency::recompute) {
+      for (TensorId in : node_at(saved_of[r]->producer).inputs) bring_back(in);
+      slots.push_back({saved_of[r]->producer, static_cast<TensorId>(r)});
+    }
+    back_at[r] = static_cast<int>(slots.size());  // the next slot reads it
+  };
   for (int p = 0; p < n_pos; ++p) {
-    const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
-    if (!runs_as_view(g, nd)) continue;
-    is_view[static_cast<size_t>(p)] = 1;
-    root[static_cast<size_t>(nd.outputs[0])] = root[static_cast<size_t>(nd.inputs[0])];
+    if (al.is_view[static_cast<size_t>(p)]) continue;
+    if (p > req.split && req.split >= 0)
+      for (TensorId x : node_at(p).inputs) bring_back(x);
+    slot_of_pos[static_cast<size_t>(p)] = static_cast<int>(slots.size());
+    slots.push_back({p});
   }
+  const int n_slots = static_cast<int>(slots.size());
 
-  // Live intervals of the roots over the program's positions.
-  std::vector<int> first(n_t, -1), last(n_t, -1);
-  std::vector<char> written(n_t, 0), touched(n_t, 0);
-  for (int p = 0; p < n_pos; ++p) {
-    const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
+  // Intervals: A before the gap (or the whole life of a kept tensor), B after.
+  std::vector<Interval> A(n_t), B(n_t);
+  std::vector<int> release(n_t, -1), prefetch(n_t, -1);  // swap: last slot of A, first of B
+  std::vector<char> touched(n_t, 0);
+  for (size_t t = 0; t < n_t; ++t) {
+    if (s.residency[t] == Residency::keep) continue;
+    const SavedActivation& sa = *saved_of[t];
+    const int lf = slot_of_pos[static_cast<size_t>(sa.last_forward)];
+    const int target = back_at[t];
+    if (s.residency[t] == Residency::swap) {
+      release[t] = std::min(lf + std::max(0, req.release_lag), target - 1);
+      prefetch[t] = std::max(release[t] + 1, target - std::max(0, req.prefetch_lead));
+      A[t].last = release[t];
+      B[t].first = prefetch[t];
+    } else {
+      A[t].last = lf;
+      B[t].first = target - 1;  // the recompute launch just before the reader
+    }
+  }
+  // Which interval an access at `slot` uses.
+  auto interval = [&](TensorId x, int slot) -> Interval& {
+    const auto r = static_cast<size_t>(root(x));
+    if (s.residency[r] != Residency::keep && slot >= B[r].first) return B[r];
+    return A[r];
+  };
+  auto note = [&](Interval& iv, int slot) {
+    if (iv.first < 0 || slot < iv.first) iv.first = slot;
+    if (iv.last != kLiveForever) iv.last = std::max(iv.last, slot);
+  };
+  for (int sl = 0; sl < n_slots; ++sl) {
+    const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
     for (TensorId x : nd.inputs) {
-      const auto r = static_cast<size_t>(root[static_cast<size_t>(x)]);
-      last[r] = std::max(last[r], p);
       touched[static_cast<size_t>(x)] = 1;
+      note(interval(x, sl), sl);
     }
     for (TensorId o : nd.outputs) {
-      const auto r = static_cast<size_t>(root[static_cast<size_t>(o)]);
-      if (first[r] < 0) first[r] = p;
-      last[r] = std::max(last[r], p);
-      written[static_cast<size_t>(o)] = 1;
       touched[static_cast<size_t>(o)] = 1;
+      Interval& iv = slots[static_cast<size_t>(sl)].target != kNoTensor
+                         ? B[static_cast<size_t>(root(o))]
+                         : interval(o, sl);
+      note(iv, sl);
     }
   }
+  // View outputs read by no launch still belong to the program (outputs).
+  for (int p = 0; p < n_pos; ++p)
+    if (al.is_view[static_cast<size_t>(p)])
+      for (TensorId o : node_at(p).outputs) touched[static_cast<size_t>(o)] = 1;
   for (TensorId o : req.outputs) {
     const TensorDesc& d = g.tensor(o);
-    if (!written[static_cast<size_t>(o)] && d.role != Role::input && !persistent(d))
+    bool made = false;
+    for (int p = 0; p < n_pos; ++p)
+      for (TensorId y : node_at(p).outputs) made = made || y == o;
+    if (!made && d.role != Role::input && !persistent(d))
       throw Error(POOCH_ERR_INVALID_ARG,
                   fmt::format("output '{}' is not computed by this program", d.name));
     if (layout.host_offset[static_cast<size_t>(o)] == kUnplaced)
       throw Error(POOCH_ERR_INVALID_ARG,
                   fmt::format("output '{}' has no host staging slot in this session", d.name));
     touched[static_cast<size_t>(o)] = 1;
-    last[static_cast<size_t>(root[static_cast<size_t>(o)])] = kLiveForever;
+    A[static_cast<size_t>(root(o))].last = kLiveForever;
   }
 
-  // One request per non-persistent root the program touches.
+  // One request per interval of a non-persistent root.
   std::vector<BufferRequest> reqs;
-  std::vector<int> req_of(n_t, -1);
   for (size_t t = 0; t < n_t; ++t) {
-    if (!touched[t] || root[t] != static_cast<TensorId>(t)) continue;
+    if (!touched[t] || root(static_cast<TensorId>(t)) != static_cast<TensorId>(t)) continue;
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     if (persistent(d)) continue;
-    BufferRequest r;
-    r.bytes = d.bytes();
-    r.role = d.role;
-    r.name = d.name;
     if (d.role == Role::input) {
-      r.first = 0;  // copied in before the first launch
+      A[t].first = 0;  // copied in before the first launch
+      if (A[t].last < 0) A[t].last = 0;
       s.copied_in.push_back(static_cast<TensorId>(t));
       if (layout.host_offset[t] == kUnplaced)
         throw Error(POOCH_ERR_INVALID_ARG,
                     fmt::format("input '{}' has no host staging slot in this session", d.name));
-    } else {
-      if (first[t] < 0)
-        throw Error(POOCH_ERR_INTERNAL,
-                    fmt::format("tensor '{}' is read by the program but nothing in it writes it",
-                                d.name));
-      r.first = first[t];
+    } else if (A[t].first < 0) {
+      throw Error(POOCH_ERR_INTERNAL,
+                  fmt::format("tensor '{}' is read by the program but nothing in it writes it",
+                              d.name));
     }
-    r.last = last[t] == kLiveForever ? kLiveForever : std::max(r.first, last[t]);
-    req_of[t] = static_cast<int>(reqs.size());
-    reqs.push_back(r);
+    for (Interval* iv : {&A[t], &B[t]}) {
+      if (iv->first < 0) continue;
+      BufferRequest r;
+      r.bytes = d.bytes();
+      r.role = d.role;
+      r.name = iv == &B[t] ? d.name + " (" + residency_name(s.residency[t]) + ")" : d.name;
+      r.first = iv->first;
+      r.last = iv->last == kLiveForever ? kLiveForever : std::max(iv->first, iv->last);
+      iv->request = static_cast<int>(reqs.size());
+      reqs.push_back(r);
+    }
+    if (s.residency[t] == Residency::swap) s.swapped_bytes += d.bytes();
+    if (s.residency[t] == Residency::recompute) s.recomputed_bytes += d.bytes();
   }
-  // In place: an op allowed to overwrite an input that dies at that op.
-  for (int p = 0; p < n_pos; ++p) {
-    if (is_view[static_cast<size_t>(p)]) continue;
-    const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
+  // In place: an op allowed to overwrite an input that dies at that op (never
+  // a swapped tensor's first interval, which its copy out may still read).
+  for (int sl = 0; sl < n_slots; ++sl) {
+    const Slot& slot = slots[static_cast<size_t>(sl)];
+    const Node& nd = node_at(slot.pos);
     const OpDef& def = op_registry().get(nd.op);
     if (def.inplace_input < 0 || nd.outputs.empty()) continue;
-    const auto x = static_cast<size_t>(root[static_cast<size_t>(nd.inputs[static_cast<size_t>(def.inplace_input)])]);
-    const auto y = static_cast<size_t>(root[static_cast<size_t>(nd.outputs[0])]);
-    const Role rx = g.tensor(static_cast<TensorId>(x)).role;
+    const TensorId x = root(nd.inputs[static_cast<size_t>(def.inplace_input)]);
+    const Role rx = g.tensor(x).role;
     if (rx != Role::activation && rx != Role::gradient) continue;
-    if (req_of[x] < 0 || req_of[y] < 0) continue;
-    BufferRequest& rqx = reqs[static_cast<size_t>(req_of[x])];
-    BufferRequest& rqy = reqs[static_cast<size_t>(req_of[y])];
-    if (rqx.last != p || rqy.first != p || rqx.bytes < rqy.bytes) continue;
-    rqy.inplace_of = req_of[x];
+    const Interval& ix = interval(x, sl);
+    const TensorId y = root(nd.outputs[0]);
+    const Interval& iy = slot.target != kNoTensor ? B[static_cast<size_t>(y)] : interval(y, sl);
+    if (ix.request < 0 || iy.request < 0) continue;
+    if (s.residency[static_cast<size_t>(x)] == Residency::swap && &ix == &A[static_cast<size_t>(x)])
+      continue;
+    BufferRequest& rqx = reqs[static_cast<size_t>(ix.request)];
+    BufferRequest& rqy = reqs[static_cast<size_t>(iy.request)];
+    if (rqx.last != sl || rqy.first != sl || rqx.bytes < rqy.bytes) continue;
+    rqy.inplace_of = ix.request;
   }
 
-  // Launches: kernel, arguments and workspace of every node that is not a view.
+  // Launches: kernel, arguments and workspace of every slot.
   std::vector<int> ws_req;
-  for (int p = 0; p < n_pos; ++p) {
-    if (is_view[static_cast<size_t>(p)]) continue;
-    const int ni = req.nodes[static_cast<size_t>(p)];
+  for (int sl = 0; sl < n_slots; ++sl) {
+    const Slot& slot = slots[static_cast<size_t>(sl)];
+    const int ni = req.nodes[static_cast<size_t>(slot.pos)];
     const Node& nd = nodes[static_cast<size_t>(ni)];
     Launch l;
     l.node = ni;
@@ -244,49 +401,111 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     l.kernel = &choose_kernel(backend, nd, a, opt.deterministic);
     a.workspace_bytes = l.kernel->workspace ? l.kernel->workspace(a) : 0;
     ws_req.push_back(static_cast<int>(reqs.size()));
-    reqs.push_back({a.workspace_bytes, p, p, Role::activation, -1,
+    reqs.push_back({a.workspace_bytes, sl, sl, Role::activation, -1,
                     fmt::format("workspace of node {} ({})", ni, nd.op)});
     s.launches.push_back(l);
   }
 
   const size_t align = layout.alignment;
+  auto align_up = [&](size_t n) { return (n + align - 1) / align * align; };
   s.transient = plan_arena(reqs, align);
-  const size_t base = (layout.persistent.peak + align - 1) / align * align;
+  const size_t base = align_up(layout.persistent.peak);
   s.arena_bytes = base + s.transient.peak;
+  auto offset_of = [&](const Interval& iv) {
+    return base + s.transient.offsets[static_cast<size_t>(iv.request)];
+  };
   s.tensor_offset.assign(n_t, kUnplaced);
   for (size_t t = 0; t < n_t; ++t) {
-    const auto r = static_cast<size_t>(root[t]);
+    const auto r = static_cast<size_t>(al.root[t]);
     if (layout.device_offset[r] != kUnplaced)
       s.tensor_offset[t] = layout.device_offset[r];
-    else if (req_of[r] >= 0)
-      s.tensor_offset[t] = base + s.transient.offsets[static_cast<size_t>(req_of[r])];
+    else if (A[r].request >= 0)
+      s.tensor_offset[t] = offset_of(A[r]);
   }
-  for (size_t i = 0; i < s.launches.size(); ++i) {
-    Launch& l = s.launches[i];
+  auto device_offset = [&](TensorId x, int sl, bool written) {
+    const auto r = static_cast<size_t>(root(x));
+    if (layout.device_offset[r] != kUnplaced) return layout.device_offset[r];
+    const bool remake = written && slots[static_cast<size_t>(sl)].target != kNoTensor;
+    return offset_of(remake ? B[r] : interval(x, sl));
+  };
+  for (int sl = 0; sl < n_slots; ++sl) {
+    Launch& l = s.launches[static_cast<size_t>(sl)];
     const Node& nd = nodes[static_cast<size_t>(l.node)];
     for (int j = 0; j < l.args.n_in; ++j)
-      l.in_offset[j] = s.tensor_offset[static_cast<size_t>(nd.inputs[static_cast<size_t>(j)])];
+      l.in_offset[j] = device_offset(nd.inputs[static_cast<size_t>(j)], sl, false);
     for (int j = 0; j < l.args.n_out; ++j)
-      l.out_offset[j] = s.tensor_offset[static_cast<size_t>(nd.outputs[static_cast<size_t>(j)])];
+      l.out_offset[j] = device_offset(nd.outputs[static_cast<size_t>(j)], sl, true);
     if (l.args.workspace_bytes)
-      l.workspace_offset = base + s.transient.offsets[static_cast<size_t>(ws_req[i])];
+      l.workspace_offset = base + s.transient.offsets[static_cast<size_t>(ws_req[static_cast<size_t>(sl)])];
   }
 
-  // Steps: inputs in, kernels, outputs back.
+  // Host slots for swapped tensors, above the session's staging slots.
+  std::vector<BufferRequest> host_reqs;
+  std::vector<TensorId> host_ids;
+  for (size_t t = 0; t < n_t; ++t) {
+    if (s.residency[t] != Residency::swap) continue;
+    host_reqs.push_back({g.tensor(static_cast<TensorId>(t)).bytes(),
+                         slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], back_at[t],
+                         Role::activation, -1, "swap slot of " + g.tensor(static_cast<TensorId>(t)).name});
+    host_ids.push_back(static_cast<TensorId>(t));
+  }
+  const ArenaPlan host_plan = plan_arena(host_reqs, align);
+  const size_t host_base = align_up(layout.host.peak);
+  s.host_bytes = host_reqs.empty() ? layout.host.peak : host_base + host_plan.peak;
+  std::vector<size_t> host_slot(n_t, kUnplaced);
+  for (size_t i = 0; i < host_ids.size(); ++i)
+    host_slot[static_cast<size_t>(host_ids[i])] = host_base + host_plan.offsets[i];
+
+  // Steps: inputs in; per slot, the swap and prefetch traffic around its
+  // launch; outputs back.
+  for (TensorId t : s.copied_in)
+    s.add_copy(StepKind::copy_in, Stream::h2d,
+               {t, offset_of(A[static_cast<size_t>(t)]), layout.host_offset[static_cast<size_t>(t)],
+                g.tensor(t).bytes()});
   if (!s.copied_in.empty()) {
-    for (TensorId t : s.copied_in) s.steps.push_back({StepKind::copy_in, Stream::h2d, t});
     const int e = s.add_event();
     s.steps.push_back({StepKind::record, Stream::h2d, e});
     s.steps.push_back({StepKind::wait, Stream::compute, e});
   }
-  for (size_t i = 0; i < s.launches.size(); ++i)
-    s.steps.push_back({StepKind::launch, Stream::compute, static_cast<int32_t>(i)});
+  std::vector<int> out_done(n_t, -1), in_done(n_t, -1);
+  for (int sl = 0; sl < n_slots; ++sl) {
+    for (size_t t = 0; t < n_t; ++t) {
+      if (s.residency[t] != Residency::swap) continue;
+      if (release[t] + 1 == sl) s.steps.push_back({StepKind::wait, Stream::compute, out_done[t]});
+      if (prefetch[t] == sl) {
+        const int free = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::compute, free});
+        s.steps.push_back({StepKind::wait, Stream::h2d, free});
+        s.add_copy(StepKind::copy_in, Stream::h2d,
+                   {static_cast<TensorId>(t), offset_of(B[t]), host_slot[t], g.tensor(static_cast<TensorId>(t)).bytes()});
+        in_done[t] = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::h2d, in_done[t]});
+      }
+      if (back_at[t] == sl) s.steps.push_back({StepKind::wait, Stream::compute, in_done[t]});
+    }
+    s.steps.push_back({StepKind::launch, Stream::compute, sl});
+    for (size_t t = 0; t < n_t; ++t) {
+      if (s.residency[t] != Residency::swap ||
+          slot_of_pos[static_cast<size_t>(saved_of[t]->producer)] != sl)
+        continue;
+      const int made = s.add_event();
+      s.steps.push_back({StepKind::record, Stream::compute, made});
+      s.steps.push_back({StepKind::wait, Stream::d2h, made});
+      s.add_copy(StepKind::copy_out, Stream::d2h,
+                 {static_cast<TensorId>(t), offset_of(A[t]), host_slot[t], g.tensor(static_cast<TensorId>(t)).bytes()});
+      out_done[t] = s.add_event();
+      s.steps.push_back({StepKind::record, Stream::d2h, out_done[t]});
+    }
+  }
   s.copied_out = req.outputs;
   if (!s.copied_out.empty()) {
     const int e = s.add_event();
     s.steps.push_back({StepKind::record, Stream::compute, e});
     s.steps.push_back({StepKind::wait, Stream::d2h, e});
-    for (TensorId t : s.copied_out) s.steps.push_back({StepKind::copy_out, Stream::d2h, t});
+    for (TensorId t : s.copied_out)
+      s.add_copy(StepKind::copy_out, Stream::d2h,
+                 {t, s.tensor_offset[static_cast<size_t>(t)],
+                  layout.host_offset[static_cast<size_t>(t)], g.tensor(t).bytes()});
   }
   return s;
 }

@@ -39,7 +39,31 @@ struct ProgramRequest {
   std::vector<int> nodes;         // in execution order
   std::vector<TensorId> outputs;  // copied back to their host slots after the last launch
   bool training = false;
+  // Out of core. `split`: the program position of the last forward node (the
+  // loss); activations made up to it and read after it are "saved". -1: none.
+  int split = -1;
+  // Per tensor (empty: keep all): what to do with each saved activation in the
+  // gap between its last forward use and its first backward use. The planner
+  // keeps what cannot be swapped or recomputed (views, outputs, multi-output
+  // producers for recompute).
+  std::vector<Residency> residency;
+  // A swapped tensor's region is released this many launches after its last
+  // forward use (time for the copy out), and it is prefetched this many
+  // launches before its first backward use (time for the copy in).
+  int release_lag = 1;
+  int prefetch_lead = 1;
 };
+
+// A saved activation of a program: made at or before the split, read after it.
+struct SavedActivation {
+  TensorId tensor = kNoTensor;
+  int producer = -1;      // program position of the node that makes it
+  int last_forward = -1;  // its last use at or before the split (or its producer)
+  int first_backward = -1;
+  bool recomputable = false;  // a single-output producer that may run again
+  size_t bytes = 0;
+};
+std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req);
 
 struct PlanOptions {
   bool deterministic = true;  // only bitwise-reproducible kernels; none for an op is an error

@@ -4,6 +4,18 @@
 
 namespace pooch {
 
+const char* residency_name(Residency r) {
+  switch (r) {
+    case Residency::keep:
+      return "keep";
+    case Residency::swap:
+      return "swap";
+    case Residency::recompute:
+      return "recompute";
+  }
+  return "?";
+}
+
 std::string Schedule::describe(const Graph& g) const {
   std::string out;
   for (const ScheduleStep& st : steps) {
@@ -15,12 +27,16 @@ std::string Schedule::describe(const Graph& g) const {
                            l.node);
         break;
       }
-      case StepKind::copy_in:
-        out += fmt::format("{:8} copy in  {}\n", stream, g.tensor(st.index).name);
+      case StepKind::copy_in: {
+        const ScheduledCopy& c = copies[static_cast<size_t>(st.index)];
+        out += fmt::format("{:8} copy in  {} ({} bytes)\n", stream, g.tensor(c.tensor).name, c.bytes);
         break;
-      case StepKind::copy_out:
-        out += fmt::format("{:8} copy out {}\n", stream, g.tensor(st.index).name);
+      }
+      case StepKind::copy_out: {
+        const ScheduledCopy& c = copies[static_cast<size_t>(st.index)];
+        out += fmt::format("{:8} copy out {} ({} bytes)\n", stream, g.tensor(c.tensor).name, c.bytes);
         break;
+      }
       case StepKind::record:
         out += fmt::format("{:8} record event {}\n", stream, st.index);
         break;

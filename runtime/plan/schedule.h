@@ -24,10 +24,28 @@ enum class StepKind : uint8_t { launch, copy_in, copy_out, record, wait };
 struct ScheduleStep {
   StepKind kind = StepKind::launch;
   Stream stream = Stream::compute;
-  // launch: index into Schedule::launches; copy_in/copy_out: the tensor;
-  // record/wait: the schedule's event number (0 .. events-1).
+  // launch: index into Schedule::launches; copy_in/copy_out: index into
+  // Schedule::copies; record/wait: the schedule's event number (0 .. events-1).
   int32_t index = 0;
 };
+
+// A copy between an arena offset and a host pool offset: an input staged in,
+// an output back, an activation swapped out to the host and prefetched back.
+struct ScheduledCopy {
+  TensorId tensor = kNoTensor;
+  size_t device_offset = 0;
+  size_t host_offset = 0;
+  size_t bytes = 0;
+};
+
+// Where a saved activation spends the gap between its last forward use and
+// its first backward use.
+enum class Residency : uint8_t {
+  keep,       // stays on the device
+  swap,       // copied to the host pool after it is made, prefetched before its next use
+  recompute,  // freed after its last forward use, its producer rerun before the next
+};
+const char* residency_name(Residency r);
 
 struct Launch {
   int node = -1;  // the graph node this computes (for reports and profiles)
@@ -43,6 +61,7 @@ struct Launch {
 struct Schedule {
   std::vector<Launch> launches;
   std::vector<ScheduleStep> steps;
+  std::vector<ScheduledCopy> copies;
   int events = 0;
   bool training = false;  // advances the optimizer step; dropout active
   // Inputs the program reads and outputs it writes: the only tensors copied.
@@ -53,12 +72,23 @@ struct Schedule {
   // planned above the session's persistent region.
   ArenaPlan transient;
   size_t arena_bytes = 0;  // persistent region + transient peak
+  // The host pool it needs: the session's staging slots plus its swap slots.
+  size_t host_bytes = 0;
+  // Per tensor: what the planner did with it (keep for all but the saved
+  // activations it swapped or recomputed), and the bytes of each kind.
+  std::vector<Residency> residency;
+  size_t swapped_bytes = 0, recomputed_bytes = 0;
 
   int add_event() { return events++; }
   int add_launch(Launch l) {
     launches.push_back(l);
     steps.push_back({StepKind::launch, Stream::compute, static_cast<int32_t>(launches.size() - 1)});
     return static_cast<int>(launches.size() - 1);
+  }
+  int add_copy(StepKind kind, Stream s, ScheduledCopy c) {
+    copies.push_back(c);
+    steps.push_back({kind, s, static_cast<int32_t>(copies.size() - 1)});
+    return static_cast<int>(copies.size() - 1);
   }
   // One line per step, for `pooch-run info` and tests.
   std::string describe(const Graph& g) const;

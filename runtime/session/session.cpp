@@ -81,8 +81,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   auto plan = [&](ProgramKind kind, const std::vector<TensorId>& wanted, bool training) {
     auto p = std::make_unique<CompiledProgram>();
     p->outputs = wanted;
-    p->schedule = plan_schedule(
-        graph_, {select_nodes(graph_, wanted, training), wanted, training}, *backend_, layout_, po);
+    ProgramRequest rq;
+    rq.nodes = select_nodes(graph_, wanted, training);
+    rq.outputs = wanted;
+    rq.training = training;
+    p->schedule = plan_schedule(graph_, rq, *backend_, layout_, po);
     programs_[static_cast<int>(kind)] = std::move(p);
   };
   const bool trains = cfg.train && !losses.empty();
@@ -107,9 +110,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   }
   budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
   if (budget_) check_budget(memory_, budget_);
-  exec_ = std::make_unique<Executor>(*backend_, memory_.peak, layout_.host.peak);
+  size_t host_bytes = layout_.host.peak;
+  for (const auto& p : programs_)
+    if (p) host_bytes = std::max(host_bytes, p->schedule.host_bytes);
+  exec_ = std::make_unique<Executor>(*backend_, memory_.peak, host_bytes);
   for (auto& p : programs_)
-    if (p) p->bound = exec_->bind(p->schedule, layout_.host_offset, ctx_.get());
+    if (p) p->bound = exec_->bind(p->schedule, ctx_.get());
 
   // Every weight and optimizer state starts from its initialiser (zeros if none).
   for (size_t t = 0; t < graph_.num_tensors(); ++t) {
@@ -236,7 +242,7 @@ void Session::run(ProgramKind p) {
   fill_row_masks();
   if (c->schedule.training) ++ctx_->step;
   ctx_->training = c->schedule.training ? 1 : 0;
-  exec_->run(c->bound, graph_);
+  exec_->run(c->bound);
 }
 
 int Session::compile(const std::vector<TensorId>& wanted, bool training, bool with_updates) {
@@ -245,9 +251,12 @@ int Session::compile(const std::vector<TensorId>& wanted, bool training, bool wi
   for (TensorId t : wanted)
     if (layout_.host_offset[static_cast<size_t>(t)] != kUnplaced) outs.push_back(t);
   p->outputs = outs;
-  p->schedule = plan_schedule(graph_, {select_nodes(graph_, wanted, with_updates), outs, training},
-                              *backend_, layout_, {cfg_.deterministic});
-  p->bound = exec_->bind(p->schedule, layout_.host_offset, ctx_.get());
+  ProgramRequest rq;
+  rq.nodes = select_nodes(graph_, wanted, with_updates);
+  rq.outputs = outs;
+  rq.training = training;
+  p->schedule = plan_schedule(graph_, rq, *backend_, layout_, {cfg_.deterministic});
+  p->bound = exec_->bind(p->schedule, ctx_.get());
   custom_.push_back(std::move(p));
   return static_cast<int>(custom_.size() - 1);
 }
@@ -258,7 +267,7 @@ void Session::run_compiled(int id) {
   fill_row_masks();
   if (c.schedule.training) ++ctx_->step;
   ctx_->training = c.schedule.training ? 1 : 0;
-  exec_->run(c.bound, graph_);
+  exec_->run(c.bound);
 }
 
 const void* Session::staged(TensorId t) const {
