@@ -18,12 +18,6 @@ struct BoundSchedule {
   std::vector<EventId> events;         // the backend's event for each schedule event
 };
 
-// What a timed run measured (the profiler's raw material).
-struct StepTimes {
-  std::vector<double> launch_seconds;  // per launch of the schedule
-  std::vector<double> copy_seconds;    // per copy of the schedule
-};
-
 class Executor {
  public:
   // Reserves `arena_bytes` of device memory and `host_bytes` of host pool

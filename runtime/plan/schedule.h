@@ -94,4 +94,11 @@ struct Schedule {
   std::string describe(const Graph& g) const;
 };
 
+// What a timed run of a schedule measured (Executor::run_timed): the
+// profiler's raw material.
+struct StepTimes {
+  std::vector<double> launch_seconds;  // per launch
+  std::vector<double> copy_seconds;    // per copy
+};
+
 }  // namespace pooch

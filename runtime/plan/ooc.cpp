@@ -1,0 +1,318 @@
+#include "ooc.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+#include "../core/error.h"
+#include "../core/op_registry.h"
+
+namespace pooch {
+
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::keep:
+      return "keep";
+    case Strategy::swap_all:
+      return "swap-all";
+    case Strategy::recompute_all:
+      return "recompute-all";
+    case Strategy::checkpoint_sqrt:
+      return "checkpoint-sqrt";
+    case Strategy::pooch_greedy:
+      return "pooch-greedy";
+    case Strategy::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
+Strategy parse_strategy(const std::string& name) {
+  std::string s = name;
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (Strategy k : {Strategy::keep, Strategy::swap_all, Strategy::recompute_all,
+                     Strategy::checkpoint_sqrt, Strategy::pooch_greedy, Strategy::automatic})
+    if (s == strategy_name(k)) return k;
+  throw Error(POOCH_ERR_INVALID_ARG,
+              fmt::format("unknown strategy '{}' (expected keep, swap-all, recompute-all, "
+                          "checkpoint-sqrt, pooch-greedy or auto)",
+                          name));
+}
+
+Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_per_second,
+                         const LinkModel& link) {
+  Profile p;
+  p.link = link;
+  for (const Node& n : g.nodes()) {
+    std::vector<const TensorDesc*> in, out;
+    for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
+    for (TensorId y : n.outputs) out.push_back(&g.tensor(y));
+    const OpDef& def = op_registry().get(n.op);
+    const double flops = def.flops ? def.flops(in, out, n.attrs) : 0;
+    p.node_seconds.push_back(
+        std::max(flops / flops_per_second, op_bytes(in, out) / bytes_per_second) + 2e-6);
+  }
+  return p;
+}
+
+Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
+                         const LinkModel& link) {
+  Profile p;
+  p.link = link;
+  p.node_seconds.assign(g.nodes().size(), 0);
+  std::vector<char> seen(g.nodes().size(), 0);
+  for (size_t i = 0; i < s.launches.size(); ++i) {
+    const auto n = static_cast<size_t>(s.launches[i].node);
+    if (seen[n]) continue;  // a recompute launch: the first run is the measurement
+    seen[n] = 1;
+    p.node_seconds[n] = t.launch_seconds[i];
+  }
+  double bytes[2] = {0, 0}, secs[2] = {0, 0};
+  int count[2] = {0, 0};
+  for (const ScheduleStep& st : s.steps) {
+    if (st.kind != StepKind::copy_in && st.kind != StepKind::copy_out) continue;
+    const int k = st.kind == StepKind::copy_in ? 0 : 1;
+    bytes[k] += static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes);
+    secs[k] += t.copy_seconds[static_cast<size_t>(st.index)];
+    ++count[k];
+  }
+  for (int k = 0; k < 2; ++k) {
+    const double transfer = secs[k] - count[k] * link.latency;
+    if (count[k] == 0 || bytes[k] < 1e6 || transfer <= 0) continue;  // too little to measure
+    (k == 0 ? p.link.h2d_bandwidth : p.link.d2h_bandwidth) = bytes[k] / transfer;
+  }
+  return p;
+}
+
+Simulation simulate(const Schedule& s, const Profile& p) {
+  double t[kNumStreams] = {0, 0, 0};
+  std::vector<double> event(static_cast<size_t>(s.events), 0);
+  Simulation sim;
+  for (const ScheduleStep& st : s.steps) {
+    double& now = t[static_cast<int>(st.stream)];
+    switch (st.kind) {
+      case StepKind::launch: {
+        const double d = p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
+        now += d;
+        sim.compute_seconds += d;
+        break;
+      }
+      case StepKind::copy_in:
+      case StepKind::copy_out: {
+        const double bw =
+            st.kind == StepKind::copy_in ? p.link.h2d_bandwidth : p.link.d2h_bandwidth;
+        now += p.link.latency +
+               static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes) / bw;
+        break;
+      }
+      case StepKind::record:
+        event[static_cast<size_t>(st.index)] = now;
+        break;
+      case StepKind::wait:
+        now = std::max(now, event[static_cast<size_t>(st.index)]);
+        break;
+    }
+  }
+  sim.seconds = std::max({t[0], t[1], t[2]});
+  return sim;
+}
+
+namespace {
+
+struct Search {
+  const Graph& g;
+  const ProgramRequest& base;
+  const Backend& backend;
+  const SessionLayout& layout;
+  const PlanOptions& opt;
+  size_t budget;
+  const Profile& profile;
+  std::vector<SavedActivation> saved;
+  int tried = 0;
+  size_t smallest = std::numeric_limits<size_t>::max();
+
+  struct Candidate {
+    std::vector<Residency> residency;
+    int lead = 1, lag = 1;
+    Schedule schedule;
+    Simulation sim;
+    bool fits = false;
+  };
+
+  Candidate evaluate(std::vector<Residency> r, int lead, int lag) {
+    ProgramRequest rq = base;
+    rq.residency = std::move(r);
+    rq.prefetch_lead = lead;
+    rq.release_lag = lag;
+    Candidate c;
+    c.schedule = plan_schedule(g, rq, backend, layout, opt);
+    c.residency = std::move(rq.residency);
+    c.lead = lead;
+    c.lag = lag;
+    c.sim = simulate(c.schedule, profile);
+    c.fits = c.schedule.arena_bytes <= budget;
+    smallest = std::min(smallest, c.schedule.arena_bytes);
+    ++tried;
+    return c;
+  }
+  static bool better(const Candidate& a, const Candidate& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (!a.fits) return a.schedule.arena_bytes < b.schedule.arena_bytes;
+    return a.sim.seconds < b.sim.seconds;
+  }
+  std::vector<Residency> all(Residency r) const {
+    std::vector<Residency> v(g.num_tensors(), Residency::keep);
+    for (const SavedActivation& sa : saved)
+      v[static_cast<size_t>(sa.tensor)] =
+          r == Residency::recompute && !sa.recomputable ? Residency::keep : r;
+    return v;
+  }
+  // The prefetch lead and release lag that simulate fastest for these decisions.
+  Candidate best_timing(const std::vector<Residency>& r) {
+    Candidate best = evaluate(r, 1, 1);
+    for (int lead : {2, 4, 8})
+      for (int lag : {1, 2, 4}) {
+        Candidate c = evaluate(r, lead, lag);
+        if (better(c, best)) best = std::move(c);
+      }
+    return best;
+  }
+
+  Candidate checkpoint_sqrt() {
+    std::vector<Residency> r = all(Residency::keep);
+    const size_t n = saved.size();
+    const auto k = static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(std::max<size_t>(n, 1)))));
+    for (size_t i = 0; i < n; ++i)
+      if (i % k != 0)
+        r[static_cast<size_t>(saved[i].tensor)] =
+            saved[i].recomputable ? Residency::recompute : Residency::swap;
+    return evaluate(r, 2, 1);
+  }
+
+  // PoocH's search: all swapped; then kept, latest made first, while the plan
+  // fits; then recomputed where the recompute costs less than the stall its
+  // copies cause, smallest ratio first; prefetch timing last.
+  Candidate pooch_greedy() {
+    std::vector<Residency> r = all(Residency::swap);
+    Candidate cur = evaluate(r, 2, 1);
+    std::vector<size_t> order(saved.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return saved[a].producer > saved[b].producer; });
+    for (size_t i : order) {
+      const auto t = static_cast<size_t>(saved[i].tensor);
+      r[t] = Residency::keep;
+      Candidate c = evaluate(r, cur.lead, cur.lag);
+      if (c.fits && c.sim.seconds <= cur.sim.seconds * 1.0000001 + 1e-12) {
+        cur = std::move(c);
+      } else if (c.fits && !cur.fits) {
+        cur = std::move(c);
+      } else {
+        r[t] = Residency::swap;
+      }
+    }
+    std::vector<std::pair<double, size_t>> ratio;
+    const double bw = std::min(profile.link.h2d_bandwidth, profile.link.d2h_bandwidth);
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (!saved[i].recomputable || r[static_cast<size_t>(saved[i].tensor)] != Residency::swap)
+        continue;
+      const double cost = profile.node_seconds[static_cast<size_t>(
+          base.nodes[static_cast<size_t>(saved[i].producer)])];
+      const double stall = 2 * (profile.link.latency + static_cast<double>(saved[i].bytes) / bw);
+      ratio.emplace_back(cost / std::max(stall, 1e-12), i);
+    }
+    std::sort(ratio.begin(), ratio.end());
+    for (const auto& [q, i] : ratio) {
+      if (q >= 1) break;
+      const auto t = static_cast<size_t>(saved[i].tensor);
+      r[t] = Residency::recompute;
+      Candidate c = evaluate(r, cur.lead, cur.lag);
+      if (!better(c, cur)) {
+        r[t] = Residency::swap;
+        continue;
+      }
+      cur = std::move(c);
+    }
+    Candidate timed = best_timing(cur.residency);
+    return better(timed, cur) ? timed : cur;
+  }
+
+  // One pass of local search: each saved activation tries the other two
+  // residencies; a change stays when the plan still fits and runs faster.
+  Candidate improve(Candidate cur) {
+    for (const SavedActivation& sa : saved) {
+      const auto t = static_cast<size_t>(sa.tensor);
+      for (Residency alt : {Residency::keep, Residency::swap, Residency::recompute}) {
+        if (alt == cur.residency[t] || (alt == Residency::recompute && !sa.recomputable)) continue;
+        std::vector<Residency> r = cur.residency;
+        r[t] = alt;
+        Candidate c = evaluate(r, cur.lead, cur.lag);
+        if (better(c, cur)) cur = std::move(c);
+      }
+    }
+    Candidate timed = best_timing(cur.residency);
+    return better(timed, cur) ? timed : cur;
+  }
+};
+
+}  // namespace
+
+OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backend& backend,
+                         const SessionLayout& layout, const PlanOptions& opt, Strategy strategy,
+                         size_t budget, const Profile& profile) {
+  Search s{g, base, backend, layout, opt, budget, profile, saved_activations(g, base)};
+  Search::Candidate best;
+  Strategy from = strategy;
+  switch (strategy) {
+    case Strategy::keep:
+      best = s.evaluate({}, 1, 1);
+      break;
+    case Strategy::swap_all:
+      best = s.best_timing(s.all(Residency::swap));
+      break;
+    case Strategy::recompute_all:
+      best = s.evaluate(s.all(Residency::recompute), 1, 1);
+      break;
+    case Strategy::checkpoint_sqrt:
+      best = s.checkpoint_sqrt();
+      break;
+    case Strategy::pooch_greedy:
+      best = s.pooch_greedy();
+      break;
+    case Strategy::automatic: {
+      best = s.evaluate({}, 1, 1);  // in core, when it fits, is the fastest there is
+      from = Strategy::keep;
+      if (best.fits) break;
+      const std::pair<Strategy, Search::Candidate> tries[] = {
+          {Strategy::pooch_greedy, s.pooch_greedy()},
+          {Strategy::checkpoint_sqrt, s.checkpoint_sqrt()},
+          {Strategy::recompute_all, s.evaluate(s.all(Residency::recompute), 1, 1)},
+          {Strategy::swap_all, s.best_timing(s.all(Residency::swap))}};
+      for (const auto& [k, c] : tries)
+        if (Search::better(c, best)) {
+          best = c;
+          from = k;
+        }
+      if (best.fits) best = s.improve(std::move(best));
+      break;
+    }
+  }
+  if (!best.fits)
+    throw Error(POOCH_ERR_OUT_OF_BUDGET,
+                fmt::format("the train step needs an arena of at least {} bytes ({:.2f} MiB) under "
+                            "strategy {}, more than the budget of {} bytes ({:.2f} MiB)",
+                            s.smallest, static_cast<double>(s.smallest) / (1 << 20),
+                            strategy_name(strategy), budget,
+                            static_cast<double>(budget) / (1 << 20)));
+  OocPlan p;
+  p.schedule = std::move(best.schedule);
+  p.sim = best.sim;
+  p.strategy = from;
+  p.plans_tried = s.tried;
+  return p;
+}
+
+}  // namespace pooch

@@ -1,0 +1,68 @@
+// Out-of-core planning: a profile of one step (measured, or estimated from
+// FLOPs and bytes), a simulator that replays a schedule on the compute and
+// the two copy streams, and the strategies that decide, for every saved
+// activation, keep, swap or recompute so that a train step fits a budget.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "planner.h"
+
+namespace pooch {
+
+enum class Strategy {
+  keep,             // in core: everything stays
+  swap_all,         // every saved activation goes to the host pool and back
+  recompute_all,    // every saved activation with a single-output producer is recomputed
+  checkpoint_sqrt,  // keep every ceil(sqrt(n))-th saved activation, recompute the rest (Chen et al.)
+  pooch_greedy,     // PoocH: all swapped; kept latest first while it fits; recomputed where cheaper
+  automatic,        // the best of the above, improved by local search over the simulator
+};
+const char* strategy_name(Strategy s);
+// "keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy",
+// "auto" (any case); Error(POOCH_ERR_INVALID_ARG) naming the word otherwise.
+Strategy parse_strategy(const std::string& name);
+
+struct LinkModel {
+  double h2d_bandwidth = 12e9;  // bytes per second
+  double d2h_bandwidth = 12e9;
+  double latency = 10e-6;  // seconds per copy
+};
+
+struct Profile {
+  std::vector<double> node_seconds;  // per graph node
+  LinkModel link;
+};
+
+// Each node's time estimated as the slower of its FLOPs at `flops_per_second`
+// and its bytes at `bytes_per_second` (a planning guess before a measurement).
+Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_per_second,
+                         const LinkModel& link);
+// Each node's time from a timed run of a schedule (Executor::run_timed);
+// the link's bandwidth from its copies when it made any, else `link`.
+Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
+                         const LinkModel& link);
+
+struct Simulation {
+  double seconds = 0;          // the step, first copy to last
+  double compute_seconds = 0;  // launches alone
+  double stall_seconds() const { return seconds - compute_seconds; }
+};
+// Replays the schedule's steps on three timelines with their event waits.
+Simulation simulate(const Schedule& s, const Profile& p);
+
+struct OocPlan {
+  Schedule schedule;
+  Simulation sim;
+  Strategy strategy = Strategy::keep;  // the strategy that made it (auto: the one it started from)
+  int plans_tried = 0;
+};
+
+// Plans a train step (`base` with its split) under `strategy` so that its
+// arena fits `budget` bytes. Throws Error(POOCH_ERR_OUT_OF_BUDGET) naming the
+// smallest arena the strategy reached when none fits.
+OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backend& backend,
+                         const SessionLayout& layout, const PlanOptions& opt, Strategy strategy,
+                         size_t budget, const Profile& profile);
+
+}  // namespace pooch
