@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "../kernels/common/kernel_abi.h"
+#include "../kernels/common/util.h"
 #include "../runtime/core/error.h"
 #include "../runtime/core/op_registry.h"
 #include "file_io.h"
@@ -47,7 +48,7 @@ constexpr uint64_t kMinAttrRecord = 4 + 1 + 8;          // name, value
 constexpr uint64_t kMinTableEntry = 4 + 1 + 4 + 8 * 3;  // name, dtype/role/rank/0, off/len/sum
 
 constexpr uint64_t align64(uint64_t x) {
-  return (x + (kPoochAlign - 1)) & ~(kPoochAlign - 1);
+  return align_up(x, kPoochAlign);
 }
 
 template <class T>

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../kernels/common/util.h"
 #include "../core/error.h"
 
 namespace pooch {
@@ -68,9 +69,10 @@ const char* loss_name(LossKind k) {
 }
 
 LossKind parse_loss(const std::string& name) {
-  if (name == "bce") return LossKind::bce;
-  if (name == "squared-hinge" || name == "squared_hinge") return LossKind::squared_hinge;
-  if (name == "softmax") return LossKind::softmax;
+  const std::string n = ascii_lower(name);  // names match without regard to case
+  if (n == "bce") return LossKind::bce;
+  if (n == "squared-hinge" || n == "squared_hinge") return LossKind::squared_hinge;
+  if (n == "softmax") return LossKind::softmax;
   throw Error(POOCH_ERR_INVALID_ARG,
               fmt::format("unknown loss '{}': use bce, squared-hinge or softmax", name));
 }
@@ -159,7 +161,8 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
       "the spec", src);
   const json& in = j["input"];
   only_known(in, {"kind", "width"}, "input", src);
-  const std::string kind = in.value("kind", "sparse");
+  // Names match without regard to case; the spec keeps the canonical spelling.
+  const std::string kind = ascii_lower(in.value("kind", "sparse"));
   if (kind != "sparse" && kind != "dense") bad(src, "input.kind must be \"sparse\" or \"dense\"");
   s.input = kind == "sparse" ? InputKind::sparse : InputKind::dense;
   s.input_width = get_int(in, "width", "input", src);
@@ -186,7 +189,8 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     const std::string path = fmt::format("layers[{}]", i);
     if (!l.is_object() || !l.contains("type") || !l["type"].is_string())
       bad(src, path + " must be an object with a \"type\"");
-    const std::string type = l["type"].get<std::string>();
+    const std::string typed = l["type"].get<std::string>();
+    const std::string type = ascii_lower(typed);
     if (type == "linear")
       only_known(l, {"type", "width", "activation"}, path, src);
     else if (type == "dropout")
@@ -201,7 +205,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
       ls.width = get_int(l, "width", path, src);
       if (l.contains("activation")) {
         if (!l["activation"].is_string()) bad(src, path + ".activation must be a string");
-        ls.activation = l["activation"].get<std::string>();
+        ls.activation = ascii_lower(l["activation"].get<std::string>());
       }
     } else if (type == "dropout") {
       ls.kind = LayerKind::dropout;
@@ -216,7 +220,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
       ls.kind = LayerKind::dense_head;
     } else {
       bad(src, fmt::format("{}.type '{}' is not one of linear, dropout, layernorm, ffi, dense",
-                           path, type));
+                           path, typed));
     }
     s.layers.push_back(ls);
   }
