@@ -46,16 +46,22 @@ bool flag_given(const std::string& flag) {
 // message already names a flag).
 std::string flag_advice(pooch_status st, const std::string& msg) {
   switch (st) {
-    case POOCH_ERR_OUT_OF_BUDGET: {
+    case POOCH_ERR_OUT_OF_BUDGET:
+    case POOCH_ERR_OUT_OF_MEMORY: {
       if (msg.find("--device-memory") != std::string::npos) return {};
       // The library names the least budget that fits as "a budget of at least N MiB".
       static const std::regex least("a budget of at least ([0-9]+) MiB");
       std::smatch m;
-      if (!std::regex_search(msg, m, least))  // the budget fitted, the allocation did not
-        return "free device memory, or lower --device-memory so the planner swaps more to the host";
-      if (flag_given("--device-memory"))
-        return "raise --device-memory to at least " + m[1].str() + " MiB, or use a smaller --batch";
-      return "use a smaller --batch, or --device cpu";  // the budget was all the device had free
+      if (st == POOCH_ERR_OUT_OF_BUDGET && std::regex_search(msg, m, least)) {
+        if (flag_given("--device-memory"))
+          return "raise --device-memory to at least " + m[1].str() +
+                 " MiB, or use a smaller --batch";
+        return "use a smaller --batch, or --device cpu";  // the budget was all the device had free
+      }
+      // The budget fitted but memory ran out, and the library says a smaller budget helps.
+      if (msg.find("device budget") != std::string::npos)
+        return "--device-memory sets the device budget";
+      return {};
     }
     case POOCH_ERR_NO_DEVICE:
       if (msg.find("--device") != std::string::npos) return {};

@@ -1,7 +1,9 @@
 // File plumbing for every format in formats/ (the .pooch container, the XMC
 // readers and writers, the data set cache): errno text, whole-file mapping,
 // file identity for cache keys, and atomic, durable replacement of a file.
-// Failures are Error(POOCH_ERR_IO) naming the path and what the OS said.
+// Failures are Error(POOCH_ERR_IO) naming the path and what the OS said
+// (POOCH_ERR_OUT_OF_MEMORY when a file must be read into memory that is not
+// there).
 #pragma once
 #include <cstddef>
 #include <cstdint>
