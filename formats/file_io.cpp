@@ -66,7 +66,9 @@ bool pread_full(int fd, void* dst, size_t n, uint64_t offset) {
 }
 
 MappedFile::MappedFile(const std::string& path, const MapOptions& opts) {
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK keeps opening a FIFO that will be refused from waiting for a
+  // writer; for a regular file it changes nothing.
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (opts.regular_only ? O_NONBLOCK : 0)));
   if (f.fd < 0) io_fail("open", path, errno, "check the path and its permissions");
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) io_fail("stat", path, errno, "check the path and its permissions");
