@@ -1,10 +1,12 @@
 #include "cli_common.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 
 namespace cli {
 
@@ -29,10 +31,52 @@ int exit_code(pooch_status st) {
   }
 }
 
+namespace {
+
+bool flag_given(const std::string& flag) {
+  for (const std::string& w : argv_words())
+    if (w == flag || w.rfind(flag + "=", 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+// The library states what happened and the figures; which of our flags
+// changes them is ours to say. Empty when there is nothing to add (or the
+// message already names a flag).
+std::string flag_advice(pooch_status st, const std::string& msg) {
+  switch (st) {
+    case POOCH_ERR_OUT_OF_BUDGET:
+    case POOCH_ERR_OUT_OF_MEMORY: {
+      if (msg.find("--device-memory") != std::string::npos) return {};
+      // The library names the least budget that fits as "a budget of at least N MiB".
+      static const std::regex least("a budget of at least ([0-9]+) MiB");
+      std::smatch m;
+      if (st == POOCH_ERR_OUT_OF_BUDGET && std::regex_search(msg, m, least)) {
+        if (flag_given("--device-memory"))
+          return "raise --device-memory to at least " + m[1].str() +
+                 " MiB, or use a smaller --batch";
+        return "use a smaller --batch, or --device cpu";  // the budget was all the device had free
+      }
+      // The budget fitted but memory ran out, and the library says a smaller budget helps.
+      if (msg.find("device budget") != std::string::npos)
+        return "--device-memory sets the device budget";
+      return {};
+    }
+    case POOCH_ERR_NO_DEVICE:
+      if (msg.find("--device") != std::string::npos) return {};
+      return "use --device cpu or auto";
+    default:
+      return {};
+  }
+}
+
 int Output::fail(pooch_status st, const std::string& what) {
-  const char* msg = pooch_last_error();
-  if (!msg || !*msg) msg = pooch_status_str(st);
-  std::fprintf(stderr, "pooch-run: %s: %s\n", what.c_str(), msg);
+  const char* text = pooch_last_error();
+  if (!text || !*text) text = pooch_status_str(st);
+  std::string msg = text;
+  if (const std::string advice = flag_advice(st, msg); !advice.empty()) msg += "; " + advice;
+  std::fprintf(stderr, "pooch-run: %s: %s\n", what.c_str(), msg.c_str());
   std::fflush(stderr);
   error_ = what + ": " + msg;
   result_["status"] = pooch_status_str(st);
@@ -140,7 +184,7 @@ void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_
       ->capture_default_str();
   app->add_option("--device", f.device, "Where to run: cpu, cuda or auto (CUDA when present)")
       ->group("Device")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->transform(one_of({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   app->add_option("--device-memory", f.device_memory,
                   "Device memory budget: bytes or with a unit (512M, 4G); default: all the "
@@ -215,6 +259,51 @@ CLI::Validator number_check(bool zero_ok) {
 
 CLI::Validator positive() {
   return number_check(false);
+}
+
+namespace {
+
+bool same_letters(char a, char b) {
+  return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+}
+
+}  // namespace
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+CLI::Validator one_of(std::vector<std::string> names, bool by_prefix) {
+  const std::string desc = list_names(names);
+  return CLI::Validator(
+      [names = std::move(names), by_prefix](std::string& v) -> std::string {
+        std::vector<std::string> starts;
+        for (const std::string& n : names) {
+          if (n.size() == v.size() && std::equal(n.begin(), n.end(), v.begin(), same_letters)) {
+            v = n;
+            return {};
+          }
+          if (by_prefix && !v.empty() && v.size() < n.size() &&
+              std::equal(v.begin(), v.end(), n.begin(), same_letters))
+            starts.push_back(n);
+        }
+        if (starts.size() == 1) {
+          v = starts[0];
+          return {};
+        }
+        if (starts.size() > 1) return "'" + v + "' could be " + list_names(starts);
+        return "'" + v + "' is not " + list_names(names);
+      },
+      desc);
+}
+
+const std::vector<std::string>& synth_preset_names() {
+  static const std::vector<std::string> names = {"EURLex-4K", "Wiki10-31K",  "AmazonCat-13K",
+                                                 "Wiki-500K", "Amazon-670K", "Amazon-3M"};
+  return names;
 }
 
 CLI::Validator non_negative() {

@@ -30,6 +30,10 @@ enum Exit {
 
 int exit_code(pooch_status st);
 
+// The advice naming our flags that follows a library error with this status
+// ("raise --device-memory to at least 12 MiB"); empty when there is none.
+std::string flag_advice(pooch_status st, const std::string& message);
+
 // One subcommand's run: its --json flag, the result object it fills, and the
 // error (if any) that ended it.
 class Output {
@@ -40,7 +44,8 @@ class Output {
   bool json = false;  // --json
   Json& result() { return result_; }
 
-  // "pooch-run: <what>: <pooch_last_error()>" on stderr; returns the exit code.
+  // "pooch-run: <what>: <pooch_last_error()>[; <flag_advice>]" on stderr;
+  // returns the exit code.
   int fail(pooch_status st, const std::string& what);
   // A message of our own (not from the library) with an explicit exit code.
   int fail(int code, const std::string& message);
@@ -74,6 +79,17 @@ void add_json_flag(CLI::App* app, Output& out);
 // number"); CLI11's PositiveNumber prints "not in range 0.000000 to 1.8e308".
 CLI::Validator positive();
 CLI::Validator non_negative();
+
+// A name from `names`, matched without regard to case ("ADAM", "Cpu"), or,
+// with `by_prefix`, also by the start of the one name that begins so
+// ("eurlex" for EURLex-4K). Add it with ->transform(): the option's value
+// becomes the canonical spelling, so that is what every message prints.
+CLI::Validator one_of(std::vector<std::string> names, bool by_prefix = false);
+// "a, b or c"
+std::string list_names(const std::vector<std::string>& names);
+
+// The synthetic data set presets (pooch_dataset_create_synth).
+const std::vector<std::string>& synth_preset_names();
 
 // Owning handles: the C API's object, freed when the handle goes.
 template <typename T, void (*Free)(T**)>

@@ -68,6 +68,7 @@ Command add_demo(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "demo", "Train a fixed fan-in model on a synthetic EURLex-4K-shaped set; print each epoch");
   c->add_option("--preset", o->preset, "Synthetic data set shape (see synth)")
+      ->transform(one_of(synth_preset_names(), true))
       ->capture_default_str();
   c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
       ->check(positive())
@@ -79,7 +80,7 @@ Command add_demo(CLI::App& app) {
       ->check(non_negative())
       ->capture_default_str();
   c->add_option("--loss", o->model.loss, "squared-hinge, bce or softmax")
-      ->check(CLI::IsMember({"squared-hinge", "bce", "softmax"}))
+      ->transform(one_of({"squared-hinge", "bce", "softmax"}))
       ->capture_default_str();
   c->add_option("--batch", o->train.batch, "Rows per step")
       ->check(positive())

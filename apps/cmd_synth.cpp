@@ -60,7 +60,8 @@ Command add_synth(CLI::App& app) {
   CLI::App* c =
       app.add_subcommand("synth", "Write a synthetic train/test pair shaped like a known data set");
   c->add_option("--preset", o->preset,
-                "EURLex-4K, Wiki10-31K, AmazonCat-13K, Wiki-500K, Amazon-670K or Amazon-3M")
+                list_names(synth_preset_names()) + " (any case; the start of a name will do)")
+      ->transform(one_of(synth_preset_names(), true))
       ->capture_default_str();
   c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
       ->check(positive())

@@ -137,7 +137,7 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
       ->capture_default_str()
       ->group("Model");
   app->add_option("--loss", f.loss, "Loss: squared-hinge, bce or softmax")
-      ->check(CLI::IsMember({"squared-hinge", "bce", "softmax"}))
+      ->transform(one_of({"squared-hinge", "bce", "softmax"}))
       ->capture_default_str()
       ->group("Model");
   app->add_option("--dropout", f.dropout, "Dropout after the hidden layers (0: none)")
@@ -159,7 +159,7 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->capture_default_str()
       ->group("Training");
   app->add_option("--optimizer", f.optimizer, "adam, adamw or sgd")
-      ->check(CLI::IsMember({"adam", "adamw", "sgd"}))
+      ->transform(one_of({"adam", "adamw", "sgd"}))
       ->capture_default_str()
       ->group("Training");
   app->add_option("--weight-decay", f.weight_decay, "Weight decay (AdamW: decoupled)")

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/util.h"
 #include "runtime/backend/cuda/cuda_backend.h"
 #include "runtime/core/error.h"
 
@@ -54,7 +55,7 @@ struct Arena {
   std::byte* base;
   size_t size, used = 0;
   std::byte* take(size_t bytes) {
-    const size_t off = (used + 255) / 256 * 256;
+    const size_t off = pooch::align_up(used, 256);
     if (off + bytes > size)
       throw pooch::Error(POOCH_ERR_OUT_OF_BUDGET,
                          fmt::format("bench arena too small: {} + {} > {}", off, bytes, size));

@@ -1,12 +1,7 @@
 #include "pooch_file.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -14,13 +9,13 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <new>
 #include <unordered_map>
 
 #include "../kernels/common/kernel_abi.h"
+#include "../kernels/common/util.h"
 #include "../runtime/core/error.h"
 #include "../runtime/core/op_registry.h"
-#include "xmc_io.h"
+#include "file_io.h"
 
 namespace pooch {
 
@@ -53,7 +48,7 @@ constexpr uint64_t kMinAttrRecord = 4 + 1 + 8;          // name, value
 constexpr uint64_t kMinTableEntry = 4 + 1 + 4 + 8 * 3;  // name, dtype/role/rank/0, off/len/sum
 
 constexpr uint64_t align64(uint64_t x) {
-  return (x + (kPoochAlign - 1)) & ~(kPoochAlign - 1);
+  return align_up(x, kPoochAlign);
 }
 
 template <class T>
@@ -1027,7 +1022,7 @@ void write_pooch_file(const std::string& path, const Metadata& meta, const Graph
   front.resize(data_off, std::byte{0});
 
   static const std::array<std::byte, kPoochAlign> zeros{};
-  xmc_io::AtomicFile tmp(path);
+  file_io::AtomicFile tmp(path);
   tmp.write(front.data(), front.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     tmp.write(tensors[i].data, tensors[i].bytes);
@@ -1041,19 +1036,10 @@ void write_pooch_file(const std::string& path, const Metadata& meta, const Graph
 // ---------------------------------------------------------------------------
 // Reader
 
+// The file's bytes, mapped or read into a 64-byte aligned buffer.
 struct PoochFile::Storage {
-  const std::byte* bytes = nullptr;
-  size_t size = 0;
-  void* map = nullptr;
-  std::byte* heap = nullptr;
-
-  Storage() = default;
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-  ~Storage() {
-    if (map) ::munmap(map, size);
-    if (heap) ::operator delete (heap, std::align_val_t{kPoochAlign});
-  }
+  file_io::MappedFile file;
+  Storage(const std::string& path, const file_io::MapOptions& opts) : file(path, opts) {}
 };
 
 PoochFile::PoochFile() = default;
@@ -1062,7 +1048,7 @@ PoochFile& PoochFile::operator=(PoochFile&&) noexcept = default;
 PoochFile::~PoochFile() = default;
 
 bool PoochFile::mapped() const {
-  return storage_ && storage_->map != nullptr;
+  return storage_ && storage_->file.mapped();
 }
 
 const TensorEntry* PoochFile::find(std::string_view name) const {
@@ -1077,10 +1063,10 @@ const TensorEntry* PoochFile::find(TensorId id) const {
 }
 
 std::span<const std::byte> PoochFile::data(const TensorEntry& e) const {
-  if (!storage_ || e.offset > storage_->size || e.bytes > storage_->size - e.offset)
+  if (!storage_ || e.offset > storage_->file.size() || e.bytes > storage_->file.size() - e.offset)
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("tensor entry '{}' does not belong to '{}'", e.name, path_));
-  return {storage_->bytes + e.offset, static_cast<size_t>(e.bytes)};
+  return {storage_->file.data() + e.offset, static_cast<size_t>(e.bytes)};
 }
 
 void PoochFile::verify(const TensorEntry& e) const {
@@ -1097,70 +1083,17 @@ void PoochFile::verify(const TensorEntry& e) const {
 PoochFile read_pooch_file(const std::string& path, const ReadOptions& opts) {
   PoochFile f;
   f.path_ = path;
-  f.storage_ = std::make_unique<PoochFile::Storage>();
-  PoochFile::Storage& st = *f.storage_;
+  file_io::MapOptions map;
+  map.use_mmap = opts.use_mmap;
+  map.regular_only = true;
+  map.what = "a .pooch file";
+  f.storage_ = std::make_unique<PoochFile::Storage>(path, map);
+  const file_io::MappedFile& st = f.storage_->file;
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    throw Error(POOCH_ERR_IO, fmt::format("cannot open '{}': {}; check the path and its "
-                                          "permissions",
-                                          path, xmc_io::errno_text(err)));
-  }
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) {
-    const int err = errno;
-    throw Error(POOCH_ERR_IO,
-                fmt::format("cannot read '{}': fstat failed: {}", path, xmc_io::errno_text(err)));
-  }
-  if (!S_ISREG(sb.st_mode))
-    throw Error(POOCH_ERR_IO,
-                fmt::format("'{}' is not a regular file; give the path of a .pooch file", path));
-  st.size = static_cast<size_t>(sb.st_size);
-
-  if (opts.use_mmap && st.size > 0) {
-    void* m = ::mmap(nullptr, st.size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m != MAP_FAILED) {
-      st.map = m;
-      st.bytes = static_cast<const std::byte*>(m);
-    }
-  }
-  if (!st.map && st.size > 0) {
-    // Mapping is refused on some file systems; reading costs memory but works everywhere.
-    try {
-      st.heap = static_cast<std::byte*>(::operator new (st.size, std::align_val_t{kPoochAlign}));
-    } catch (const std::bad_alloc&) {
-      throw Error(POOCH_ERR_OUT_OF_MEMORY,
-                  fmt::format("cannot read '{}': it could not be mapped and {} bytes of memory to "
-                              "read it into are not available",
-                              path, st.size));
-    }
-    size_t got = 0;
-    while (got < st.size) {
-      const ssize_t r = ::pread(fd, st.heap + got, std::min<size_t>(st.size - got, size_t{1} << 30),
-                                static_cast<off_t>(got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        const int err = r < 0 ? errno : 0;
-        throw Error(POOCH_ERR_IO,
-                    fmt::format("cannot read '{}' at byte {}: {}; check the disk, or whether "
-                                "another program is changing the file",
-                                path, got,
-                                err ? xmc_io::errno_text(err) : "the file shrank while reading"));
-      }
-      got += static_cast<size_t>(r);
-    }
-    st.bytes = st.heap;
-  }
-
-  const std::span<const std::byte> file(st.bytes, st.size);
+  const std::span<const std::byte> file(st.data(), st.size());
   const Parser p(path, file, false);
-  const uint64_t size = st.size;
-  const std::byte* b = st.bytes;
+  const uint64_t size = st.size();
+  const std::byte* b = st.data();
   auto u32_at = [&](size_t at) { return load<uint32_t>(b + at); };
   auto u64_at = [&](size_t at) { return load<uint64_t>(b + at); };
 

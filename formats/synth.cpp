@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <limits>
 
+#include "kernels/common/util.h"
 #include "runtime/core/error.h"
 
 // Fusing a*b+c into one FMA rounds differently from two operations; keep
@@ -414,16 +414,23 @@ const std::vector<SynthPreset>& synth_presets() {
   return presets;
 }
 
-const SynthPreset* find_synth_preset(std::string_view name) {
+namespace {
+
+// The presets whose name is `name` (ignoring case), or else those it begins.
+std::vector<const SynthPreset*> presets_named(std::string_view name) {
+  std::vector<const SynthPreset*> starts;
   for (const auto& p : synth_presets()) {
-    const std::string_view n(p.name);
-    if (n.size() == name.size() && std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) ==
-                 std::tolower(static_cast<unsigned char>(b));
-        }))
-      return &p;
+    if (iequals(p.name, name)) return {&p};
+    if (!name.empty() && istarts_with(p.name, name)) starts.push_back(&p);
   }
-  return nullptr;
+  return starts;
+}
+
+}  // namespace
+
+const SynthPreset* find_synth_preset(std::string_view name) {
+  const auto found = presets_named(name);
+  return found.size() == 1 ? found[0] : nullptr;
 }
 
 SynthShape synth_shape(const SynthPreset& preset, double scale) {
@@ -449,10 +456,17 @@ SynthShape synth_shape(const SynthPreset& preset, double scale) {
 SynthData make_synth(std::string_view preset, double scale, const SynthOptions& opts) {
   const SynthPreset* p = find_synth_preset(preset);
   if (!p) {
+    const auto several = presets_named(preset);
     std::string names;
-    for (const auto& q : synth_presets()) names += std::string(names.empty() ? "" : ", ") + q.name;
-    throw Error(POOCH_ERR_INVALID_ARG,
-                fmt::format("synth: unknown preset '{}'; choose one of {}", preset, names));
+    const auto add = [&](const char* n) { names += std::string(names.empty() ? "" : ", ") + n; };
+    if (several.empty())
+      for (const auto& q : synth_presets()) add(q.name);
+    for (const SynthPreset* q : several) add(q->name);
+    throw Error(
+        POOCH_ERR_INVALID_ARG,
+        several.empty()
+            ? fmt::format("synth: unknown preset '{}'; choose one of {}", preset, names)
+            : fmt::format("synth: preset '{}' could be {}; give more of the name", preset, names));
   }
   return make_synth(synth_shape(*p, scale), opts);
 }

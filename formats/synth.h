@@ -49,7 +49,8 @@ struct SynthPreset {
 
 // EURLex-4K, Wiki10-31K, AmazonCat-13K, Wiki-500K, Amazon-670K, Amazon-3M.
 const std::vector<SynthPreset>& synth_presets();
-// Case-insensitive; nullptr when there is no such preset.
+// By name, without regard to case ("eurlex-4k"), or by the start of the one
+// name that begins so ("eurlex"); nullptr when no preset or several match.
 const SynthPreset* find_synth_preset(std::string_view name);
 
 // The preset's shape at `scale` (0 < scale <= 100): points and labels scale

@@ -17,7 +17,7 @@
 #include <optional>
 #include <vector>
 
-#include "formats/xmc_io.h"
+#include "formats/file_io.h"
 #include "formats/xmc_text.h"
 #include "runtime/core/error.h"
 
@@ -50,27 +50,8 @@ struct CacheHeader {
 };
 static_assert(sizeof(CacheHeader) == 152, "the cache header must have no padding");
 
-SourceKey key_of(const xmc_io::FileId& id) {
+SourceKey key_of(const file_io::FileId& id) {
   return {id.size, static_cast<uint64_t>(id.mtime_ns), id.head_hash, id.tail_hash};
-}
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-bool read_full(int fd, void* dst, size_t n) {
-  char* p = static_cast<char*>(dst);
-  while (n > 0) {
-    const ssize_t got = ::read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
 }
 
 // The array sizes in bytes, in file order, or nullopt when the counts are
@@ -97,12 +78,11 @@ std::optional<std::vector<uint64_t>> array_bytes(const CacheHeader& h) {
 // Reads the cache when it is valid for `ids`; otherwise returns nullopt and,
 // when a cache file exists but is unusable, says why in `note`.
 std::optional<XmcDataset> read_cache(const std::string& path, Kind kind,
-                                     const std::vector<xmc_io::FileId>& ids, std::string& note) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+                                     const std::vector<file_io::FileId>& ids, std::string& note) {
+  file_io::Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (f.fd < 0) {
     if (errno != ENOENT)
-      note = fmt::format("cache '{}' not read: {}", path, xmc_io::errno_text(errno));
+      note = fmt::format("cache '{}' not read: {}", path, file_io::errno_text(errno));
     return std::nullopt;
   }
   const auto reject = [&](const char* why) {
@@ -113,7 +93,8 @@ std::optional<XmcDataset> read_cache(const std::string& path, Kind kind,
   if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) return reject("not a regular file");
   const auto file_size = static_cast<uint64_t>(st.st_size);
   CacheHeader h{};
-  if (file_size < sizeof h || !read_full(f.fd, &h, sizeof h)) return reject("truncated header");
+  if (file_size < sizeof h || !file_io::read_full(f.fd, &h, sizeof h))
+    return reject("truncated header");
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return reject("not a pooch cache file");
   if (h.version != kVersion || h.endian != kEndian)
     return reject("written by another version of pooch or another byte order");
@@ -149,7 +130,7 @@ std::optional<XmcDataset> read_cache(const std::string& path, Kind kind,
   XXH3_64bits_reset(state);
   bool ok = true;
   for (size_t i = 0; i < 6 && ok; ++i) {
-    ok = read_full(f.fd, dst[i], (*sizes)[i]);
+    ok = file_io::read_full(f.fd, dst[i], (*sizes)[i]);
     if (ok) XXH3_64bits_update(state, dst[i], (*sizes)[i]);
   }
   const uint64_t hash = XXH3_64bits_digest(state);
@@ -161,7 +142,7 @@ std::optional<XmcDataset> read_cache(const std::string& path, Kind kind,
   return d;
 }
 
-void write_cache(const std::string& path, Kind kind, const std::vector<xmc_io::FileId>& ids,
+void write_cache(const std::string& path, Kind kind, const std::vector<file_io::FileId>& ids,
                  const XmcDataset& d) {
   CacheHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
@@ -187,7 +168,7 @@ void write_cache(const std::string& path, Kind kind, const std::vector<xmc_io::F
   h.payload_hash = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   h.header_hash = XXH3_64bits(&h, offsetof(CacheHeader, header_hash));
-  xmc_io::AtomicFile f(path);
+  file_io::AtomicFile f(path);
   f.write(&h, sizeof h);
   for (const auto& [p, n] : arrays) f.write(p, n);
   f.commit();
@@ -200,10 +181,10 @@ XmcDataset load_cached(const std::vector<std::string>& sources, Kind kind, const
   LoadInfo& inf = info ? *info : local;
   inf = LoadInfo{};
   inf.cache_path = opts.cache_path.empty() ? sources[0] + ".pcache" : opts.cache_path;
-  std::vector<xmc_io::FileId> ids;
+  std::vector<file_io::FileId> ids;
   bool keyable = true;
   for (const auto& s : sources) {
-    ids.push_back(xmc_io::file_id(s));
+    ids.push_back(file_io::file_id(s));
     keyable = keyable && ids.back().regular;
   }
   if (!keyable) {
@@ -233,7 +214,7 @@ XmcDataset load_cached(const std::vector<std::string>& sources, Kind kind, const
   // A source rewritten while it was parsed may have given a mix of old and
   // new; keying a cache to that would make the mix permanent.
   for (size_t i = 0; i < sources.size(); ++i)
-    if (!(xmc_io::file_id(sources[i]) == ids[i])) {
+    if (!(file_io::file_id(sources[i]) == ids[i])) {
       inf.cache_note = fmt::format("'{}' changed while it was read; no cache written", sources[i]);
       return d;
     }
@@ -260,14 +241,13 @@ XmcDataset load_xmc_split(const std::string& features_path, const std::string& l
   // a text file of the same name can never be answered from the old cache.
   Kind kind = Kind::SplitText;
   {
-    Fd f;
-    f.fd = ::open(features_path.c_str(), O_RDONLY | O_CLOEXEC);
+    file_io::Fd f(::open(features_path.c_str(), O_RDONLY | O_CLOEXEC));
     struct stat st {};
     char magic[6];
     // Only a regular file is sniffed: reading a pipe here would eat its
     // start, and a pipe is never cached anyway.
     if (f.fd >= 0 && ::fstat(f.fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        ::pread(f.fd, magic, 6, 0) == 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0)
+        file_io::pread_full(f.fd, magic, 6, 0) && std::memcmp(magic, "\x93NUMPY", 6) == 0)
       kind = Kind::SplitNpy;
   }
   return load_cached({features_path, labels_path}, kind, opts, info,

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "formats/xmc_io.h"
+#include "formats/file_io.h"
 #include "runtime/core/error.h"
 
 namespace pooch {
@@ -641,7 +641,7 @@ void emit_split(TextOut& out, int64_t rows, int64_t cols, const std::vector<int6
 
 template <class Emit>
 void write_text_file(const std::string& path, Emit&& emit) {
-  xmc_io::AtomicFile f(path);
+  file_io::AtomicFile f(path);
   TextOut out([&](std::string& s) {
     f.write(s);
     s.clear();
@@ -722,14 +722,19 @@ XmcDataset parse_xmc_npy(std::string_view npy_bytes, const std::string& npy_name
 
 // ---- public: reading files ----
 
+namespace {
+// The parsers read a text front to back, once.
+constexpr file_io::MapOptions kSequential{.sequential = true};
+}  // namespace
+
 XmcDataset read_xmc_bow(const std::string& path) {
-  xmc_io::MappedFile f(path);
+  file_io::MappedFile f(path, kSequential);
   return parse_xmc_bow(f.bytes(), path);
 }
 
 XmcDataset read_xmc_split(const std::string& features_path, const std::string& labels_path) {
-  xmc_io::MappedFile xf(features_path);
-  xmc_io::MappedFile y(labels_path);
+  file_io::MappedFile xf(features_path, kSequential);
+  file_io::MappedFile y(labels_path, kSequential);
   if (xf.bytes().substr(0, 6) == std::string_view("\x93NUMPY", 6))
     return parse_xmc_npy(xf.bytes(), features_path, y.bytes(), labels_path);
   return parse_xmc_split(xf.bytes(), features_path, y.bytes(), labels_path);
@@ -789,7 +794,7 @@ void write_npy(const std::string& path, const XmcDataset& d) {
     head.push_back(static_cast<char>((n >> 16) & 0xff));
     head.push_back(static_cast<char>((n >> 24) & 0xff));
   }
-  xmc_io::AtomicFile f(path);
+  file_io::AtomicFile f(path);
   f.write(head);
   f.write(header);
   // Little-endian host assumed, as everywhere in pooch (FORMAT.md).

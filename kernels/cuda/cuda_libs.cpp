@@ -17,8 +17,7 @@ const char* const kCublasSoname = "libcublas.so." POOCH_STR(CUBLAS_VER_MAJOR);
 const char* const kCusparseSoname = "libcusparse.so." POOCH_STR(CUSPARSE_VER_MAJOR);
 
 std::string advice() {
-  return "install the CUDA " + std::to_string(CUDART_VERSION / 1000) +
-         " runtime libraries or use --device cpu";
+  return "install the CUDA " + std::to_string(CUDART_VERSION / 1000) + " runtime libraries";
 }
 
 std::string dl_error() {

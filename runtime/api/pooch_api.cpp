@@ -178,7 +178,7 @@ unsigned pooch_version(void) {
 }
 
 const char* pooch_version_str(void) {
-  return "0.1.0";
+  return POOCH_VERSION_STRING;
 }
 
 void pooch_set_log(pooch_log_fn fn, void* user, pooch_log_level min_level) {
@@ -322,6 +322,7 @@ void pooch_session_cancel(pooch_session* s) {
 
 pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out) {
   POOCH_REQUIRE_ARG(s && out, "pooch_session_memory: session and out must not be NULL");
+  std::memset(out, 0, sizeof(*out));
   return guarded([&] {
     const pooch::ArenaPlan& plan = s->session().memory_plan();
     out->arena_bytes = plan.peak;
@@ -354,6 +355,7 @@ pooch_status pooch_session_read_tensor(const pooch_session* s, const char* name,
 
 void pooch_planted_default_params(pooch_planted_params* p) {
   if (!p) return;
+  std::memset(p, 0, sizeof(*p));
   const pooch::PlantedParams d;
   p->rows = d.rows;
   p->features = d.features;

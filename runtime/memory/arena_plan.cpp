@@ -10,18 +10,12 @@
 #include <queue>
 #include <utility>
 
+#include "../../kernels/common/util.h"
 #include "../core/error.h"
 
 namespace pooch {
 
 namespace {
-
-constexpr double kMiB = 1024.0 * 1024.0;
-
-// Whole MiB, rounded up, so that "raise it to X MiB" is always enough.
-size_t mib_ceil(size_t bytes) {
-  return bytes / (1u << 20) + (bytes % (1u << 20) != 0 ? 1 : 0);
-}
 
 std::string request_label(std::span<const BufferRequest> requests, size_t i) {
   const std::string& name = requests[i].name;
@@ -137,7 +131,7 @@ ArenaPlan plan_arena(std::span<const BufferRequest> requests, size_t alignment) 
   std::vector<size_t> block_bytes(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const size_t b = requests[i].bytes;
-    block_bytes[i] = b == 0 ? 0 : (b + alignment - 1) / alignment * alignment;
+    block_bytes[i] = b == 0 ? 0 : align_up(b, alignment);
     plan.bytes_by_role[static_cast<int>(requests[i].role)] += b;
   }
 
@@ -229,22 +223,21 @@ std::string ArenaPlan::report() const {
   std::string roles;
   for (int r = 0; r < kNumRoles; ++r)
     roles += fmt::format("{}{} {:.2f} MiB", r == 0 ? "" : ", ", role_name(static_cast<Role>(r)),
-                         static_cast<double>(bytes_by_role[r]) / kMiB);
+                         to_mib(bytes_by_role[r]));
   return fmt::format(
       "arena plan: {} buffers, peak {:.2f} MiB ({} bytes), live peak {:.2f} MiB "
       "(the floor any placement needs); by role: {}.",
-      offsets.size(), static_cast<double>(peak) / kMiB, peak, static_cast<double>(live_peak) / kMiB,
-      roles);
+      offsets.size(), to_mib(peak), peak, to_mib(live_peak), roles);
 }
 
 void check_budget(const ArenaPlan& plan, size_t budget) {
   if (plan.peak <= budget) return;
-  throw Error(POOCH_ERR_OUT_OF_BUDGET,
-              fmt::format("the plan needs {} bytes ({} MiB) of device memory but the budget is {} "
-                          "bytes ({:.2f} MiB); raise --device-memory to at least {} MiB, or shrink "
-                          "the step (a smaller batch size) so that it fits",
-                          plan.peak, mib_ceil(plan.peak), budget,
-                          static_cast<double>(budget) / kMiB, mib_ceil(plan.peak)));
+  throw Error(
+      POOCH_ERR_OUT_OF_BUDGET,
+      fmt::format("the plan needs {} bytes ({} MiB) of device memory but the budget is {} "
+                  "bytes ({:.2f} MiB); it needs a budget of at least {} MiB, or a smaller "
+                  "step (a smaller batch size)",
+                  plan.peak, mib_ceil(plan.peak), budget, to_mib(budget), mib_ceil(plan.peak)));
 }
 
 }  // namespace pooch

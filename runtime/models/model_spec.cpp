@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../kernels/common/util.h"
 #include "../core/error.h"
 
 namespace pooch {
@@ -74,10 +75,11 @@ const char* family_name(Family f) {
 }
 
 LossKind parse_loss(const std::string& name) {
-  if (name == "bce") return LossKind::bce;
-  if (name == "squared-hinge" || name == "squared_hinge") return LossKind::squared_hinge;
-  if (name == "softmax") return LossKind::softmax;
-  if (name == "mse") return LossKind::mse;
+  const std::string n = ascii_lower(name);  // names match without regard to case
+  if (n == "bce") return LossKind::bce;
+  if (n == "squared-hinge" || n == "squared_hinge") return LossKind::squared_hinge;
+  if (n == "softmax") return LossKind::softmax;
+  if (n == "mse") return LossKind::mse;
   throw Error(POOCH_ERR_INVALID_ARG,
               fmt::format("unknown loss '{}': use bce, squared-hinge, softmax or mse", name));
 }
@@ -172,7 +174,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (!j.contains("input") || !j["input"].is_object()) bad(src, "\"input\" must be an object");
   if (j.contains("family")) {
     if (!j["family"].is_string()) bad(src, "family must be a string");
-    const std::string f = j["family"].get<std::string>();
+    const std::string f = ascii_lower(j["family"].get<std::string>());
     if (f == "mlp")
       s.family = Family::mlp;
     else if (f != "xmc")
@@ -186,7 +188,9 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (s.family == Family::mlp) s.input = InputKind::dense;
   const json& in = j["input"];
   only_known(in, {"kind", "width"}, "input", src);
-  const std::string kind = in.value("kind", s.family == Family::mlp ? "dense" : "sparse");
+  // Names match without regard to case; the spec keeps the canonical spelling.
+  const std::string kind =
+      ascii_lower(in.value("kind", s.family == Family::mlp ? "dense" : "sparse"));
   if (kind != "sparse" && kind != "dense") bad(src, "input.kind must be \"sparse\" or \"dense\"");
   s.input = kind == "sparse" ? InputKind::sparse : InputKind::dense;
   s.input_width = get_int(in, "width", "input", src);
@@ -213,7 +217,8 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     const std::string path = fmt::format("layers[{}]", i);
     if (!l.is_object() || !l.contains("type") || !l["type"].is_string())
       bad(src, path + " must be an object with a \"type\"");
-    const std::string type = l["type"].get<std::string>();
+    const std::string typed = l["type"].get<std::string>();
+    const std::string type = ascii_lower(typed);
     if (type == "linear")
       only_known(l, {"type", "width", "activation"}, path, src);
     else if (type == "dropout")
@@ -228,7 +233,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
       ls.width = get_int(l, "width", path, src);
       if (l.contains("activation")) {
         if (!l["activation"].is_string()) bad(src, path + ".activation must be a string");
-        ls.activation = l["activation"].get<std::string>();
+        ls.activation = ascii_lower(l["activation"].get<std::string>());
       }
     } else if (type == "dropout") {
       ls.kind = LayerKind::dropout;
@@ -243,7 +248,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
       ls.kind = LayerKind::dense_head;
     } else {
       bad(src, fmt::format("{}.type '{}' is not one of linear, dropout, layernorm, ffi, dense",
-                           path, type));
+                           path, typed));
     }
     s.layers.push_back(ls);
   }

@@ -54,6 +54,18 @@ contains synth-json synth.out '^\{.*"ok":true'
 TEST_ROWS=$(head -n 1 data/test.txt | cut -d' ' -f1)
 expect synth-again 0 "$RUN" synth --preset EURLex-4K --scale 0.02 --seed 3 --out data2
 cmp -s data/train.txt data2/train.txt && pass synth-deterministic || fail synth-deterministic
+# Names a user types match without regard to case (a preset also by the start
+# of its name); what is printed back is the canonical spelling.
+expect synth-any-case 0 "$RUN" synth --preset eurlex --scale 0.02 --seed 3 --out data3 --json
+contains synth-any-case-canonical synth-any-case.out '^synth EURLex-4K at scale'
+contains synth-any-case-json synth-any-case.out '"preset":"EURLex-4K"'
+cmp -s data/train.txt data3/train.txt && pass synth-any-case-same || fail synth-any-case-same
+expect synth-upper 0 "$RUN" synth --preset WIKI10-31K --scale 0.01 --seed 3 --out data4
+contains synth-upper-canonical synth-upper.out '^synth Wiki10-31K at scale'
+expect synth-ambiguous 1 "$RUN" synth --preset wiki --out data5
+contains synth-ambiguous-message synth-ambiguous.err "'wiki' could be Wiki10-31K or Wiki-500K"
+expect synth-unknown 1 "$RUN" synth --preset nosuch --out data5
+contains synth-unknown-message synth-unknown.err "'nosuch' is not EURLex-4K, .* or Amazon-3M"
 
 # --- train ---------------------------------------------------------------------
 expect train 0 "$RUN" train --data data --epochs 2 --out m.pooch --log m.jsonl --json "${T[@]}"
@@ -74,6 +86,22 @@ cat > spec.json <<'JSON'
 JSON
 expect train-spec 0 "$RUN" train --data data --spec spec.json --epochs 1 --out s.pooch "${T[@]}"
 expect bad-spec 2 "$RUN" train --data data --spec <(echo '{"layers": [{"type": "ffi"}]}') --out x.pooch "${T[@]}"
+# Loss, optimizer, device and spec names in any case; the model keeps the canonical spelling.
+expect train-any-case 0 "$RUN" train --data data --epochs 1 --loss BCE --optimizer AdamW \
+  --device CPU --threads 1 --out case.pooch
+expect info-any-case 0 "$RUN" info case.pooch
+contains info-any-case-loss info-any-case.out '^  loss +bce$'
+cat > spec-case.json <<'JSON'
+{"layers": [{"type": "Linear", "width": 32, "activation": "GELU"}, {"type": "LayerNorm"},
+            {"type": "FFI", "fan_in": 8}],
+ "loss": "Squared-Hinge"}
+JSON
+expect train-spec-any-case 0 "$RUN" train --data data --spec spec-case.json --epochs 1 --out sc.pooch "${T[@]}"
+expect info-spec-any-case 0 "$RUN" info sc.pooch
+contains info-spec-any-case-names info-spec-any-case.out '0: linear 32, gelu$'
+contains info-spec-any-case-loss info-spec-any-case.out '^  loss +squared-hinge$'
+expect bad-loss 1 "$RUN" train --data data --loss hinge --out x.pooch "${T[@]}"
+contains bad-loss-message bad-loss.err "'hinge' is not squared-hinge, bce or softmax"
 
 # --- eval, predict, info ---------------------------------------------------------
 expect eval 0 "$RUN" eval --model m.pooch --data data --json "${T[@]}"
@@ -139,13 +167,18 @@ contains no-out-dir-message no-out-dir.err "directory 'no-such-dir'.*does not ex
 if grep -q '^epoch' no-out-dir.out; then fail no-out-dir-early; else pass no-out-dir-early; fi
 expect predict-no-out-dir 2 "$RUN" predict --model m.pooch --input data/test.txt --out no-such-dir/p.txt "${T[@]}"
 expect budget 3 "$RUN" train --data data --device-memory 4K --out x.pooch "${T[@]}"
-contains budget-message budget.err 'device-memory'
+# The library states the least budget that fits; pooch-run names the flag that sets it.
+contains budget-message budget.err 'a budget of at least [0-9]+ MiB'
+contains budget-advice budget.err 'raise --device-memory to at least [0-9]+ MiB'
 "$RUN" train --data data --epochs 1 --device cuda --out cuda.pooch --threads 1 > cuda.out 2> cuda.err
 rc=$?
 if [ $rc = 0 ]; then
   pass "device-cuda (a GPU is present: trained on it)"
 elif grep -Eqi 'cuda|gpu|device' cuda.err; then
   pass "device-cuda (exit $rc without a GPU, with a message)"
+  # The advice is pooch-run's, and it is given once.
+  n=$(grep -o 'use --device cpu or auto' cuda.err | wc -l)
+  [ "$n" = 1 ] && pass device-cuda-advice || { fail "device-cuda-advice: $n times"; cat cuda.err; }
 else
   fail "device-cuda: exit $rc without a clear message"
   cat cuda.err

@@ -32,7 +32,8 @@ if ! "$MESON" install -C "$BUILD" --no-rebuild --destdir "$DEST" > "$TMP/install
   exit 1
 fi
 PC_DIR=$DEST$LIBDIR/pkgconfig
-for f in "$PC_DIR/pooch.pc" "$DEST$PREFIX/include/pooch/pooch.h" "$DEST$BINDIR/pooch-run"; do
+for f in "$PC_DIR/pooch.pc" "$DEST$PREFIX/include/pooch/pooch.h" \
+  "$DEST$PREFIX/include/pooch/pooch_version.h" "$DEST$BINDIR/pooch-run"; do
   [ -e "$f" ] || { echo "FAIL: the install lacks $f"; exit 1; }
 done
 ls "$DEST$LIBDIR"/libpooch.so.* > /dev/null || { echo "FAIL: no libpooch.so.* installed"; exit 1; }
@@ -43,6 +44,24 @@ export PKG_CONFIG_PATH=$PC_DIR
 export PKG_CONFIG_SYSROOT_DIR=$DEST
 FLAGS=$(pkg-config --cflags --libs pooch)
 echo "== pkg-config --cflags --libs pooch: $FLAGS"
+# pooch.pc serves every user of the shared library: it must resolve with no
+# other package's .pc file (pooch's dependencies may have come from a wrap
+# and are not installed), so it names nothing private.
+PC=$PC_DIR/pooch.pc
+if ! PKG_CONFIG_LIBDIR=$PC_DIR pkg-config --cflags --libs pooch > /dev/null; then
+  cat "$PC"
+  echo "FAIL: pkg-config --cflags --libs pooch needs other packages' .pc files"
+  exit 1
+fi
+if grep -Ei '^(Requires(\.private)?|Libs\.private):' "$PC" |
+  grep -Eiq 'fmt|xxhash|nlohmann|json|mimalloc|cli11|gtest|openblas|openmp|pooch_|\.so|\.a\b'; then
+  cat "$PC"
+  echo "FAIL: pooch.pc names internal or wrapped packages"
+  exit 1
+fi
+[ "$(pkg-config --modversion pooch)" = "$("$MESON" introspect "$BUILD" --projectinfo |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])')" ] ||
+  { echo "FAIL: pooch.pc's version is not the project's"; exit 1; }
 echo "== $CC -std=c11 embed.c"
 # shellcheck disable=SC2086
 "$CC" -std=c11 -Wall -Wextra -Werror -pedantic "$SRC/apps/examples/embed.c" $FLAGS -o "$TMP/embed"

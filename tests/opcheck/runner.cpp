@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "../../kernels/common/util.h"
 #include "../../kernels/ref/ref_kernels.h"
 #include "../../runtime/backend/backend.h"
 #ifdef POOCH_HAVE_CUDA
@@ -525,20 +526,16 @@ struct Layout {
   std::vector<std::pair<size_t, size_t>> writable;  // [begin, end), sorted
 };
 
-size_t round_up(size_t x, size_t a) {
-  return (x + a - 1) / a * a;
-}
-
 // Every buffer gets `guard` bytes before and after it. The trailing guard
 // starts right at the buffer's last byte, not at the next aligned offset, so
 // a write one element past the end lands in it.
 Layout plan_layout(const Instance& x, size_t ws_bytes, size_t align, int inplace_in) {
   Layout L;
-  L.guard = round_up(256, align);
+  L.guard = align_up(256, align);
   L.inplace_in = inplace_in;
   size_t cur = 0;
   auto place = [&](size_t bytes, std::string what) {
-    Region r{round_up(cur, align) + L.guard, bytes, std::move(what)};
+    Region r{align_up(cur, align) + L.guard, bytes, std::move(what)};
     cur = r.off + bytes + L.guard;
     return r;
   };
@@ -554,7 +551,7 @@ Layout plan_layout(const Instance& x, size_t ws_bytes, size_t align, int inplace
     L.out.push_back(place(x.out_desc[i].bytes(), fmt::format("output {} '{}'", i, x.out_names[i])));
   }
   L.ws = place(ws_bytes, "the workspace");
-  L.total = round_up(cur, align);
+  L.total = align_up(cur, align);
   for (const Region& r : L.out) L.writable.emplace_back(r.off, r.off + r.bytes);
   for (int m : x.def->mutates) {
     const Region& r = L.in[static_cast<size_t>(m)];

@@ -47,11 +47,56 @@ struct Fixture {
 }  // namespace
 
 TEST(Api, VersionAndStatusStrings) {
-  EXPECT_EQ(pooch_version() >> 16, static_cast<unsigned>(POOCH_VERSION_MAJOR));
-  EXPECT_STREQ(pooch_version_str(), "0.1.0");
+  // meson.build's project() version is the one place the version is written.
+  EXPECT_STREQ(pooch_version_str(), POOCH_MESON_PROJECT_VERSION);
+  EXPECT_STREQ(POOCH_VERSION_STRING, POOCH_MESON_PROJECT_VERSION);
+  EXPECT_EQ(pooch_version(), (static_cast<unsigned>(POOCH_VERSION_MAJOR) << 16) |
+                                 (POOCH_VERSION_MINOR << 8) | POOCH_VERSION_PATCH);
+  EXPECT_EQ(std::to_string(POOCH_VERSION_MAJOR) + "." + std::to_string(POOCH_VERSION_MINOR) + "." +
+                std::to_string(POOCH_VERSION_PATCH),
+            POOCH_MESON_PROJECT_VERSION);
   EXPECT_STREQ(pooch_status_str(POOCH_OK), "ok");
   for (int s = -1; s >= -9; --s)
     EXPECT_STRNE(pooch_status_str(static_cast<pooch_status>(s)), "unknown status") << s;
+}
+
+// Every struct the caller allocates ends in reserved bytes that the
+// defaults (or the library, for results) leave zero.
+template <typename T>
+bool reserved_zero(const T& s) {
+  for (const uint8_t b : s.reserved)
+    if (b != 0) return false;
+  return sizeof(s.reserved) >= 64;
+}
+
+TEST(Api, StructsEndInZeroedReservedBytes) {
+  pooch_xmc_params x;
+  std::memset(&x, 0xAB, sizeof x);
+  pooch_xmc_default_params(&x);
+  EXPECT_TRUE(reserved_zero(x));
+  pooch_session_params s;
+  std::memset(&s, 0xAB, sizeof s);
+  pooch_session_default_params(&s);
+  EXPECT_TRUE(reserved_zero(s));
+  pooch_planted_params p;
+  std::memset(&p, 0xAB, sizeof p);
+  pooch_planted_default_params(&p);
+  EXPECT_TRUE(reserved_zero(p));
+  pooch_train_params t;
+  std::memset(&t, 0xAB, sizeof t);
+  pooch_train_default_params(&t);
+  EXPECT_TRUE(reserved_zero(t));
+
+  Fixture f;
+  ASSERT_EQ(f.status, POOCH_OK);
+  pooch_memory_report m;
+  std::memset(&m, 0xAB, sizeof m);
+  ASSERT_EQ(pooch_session_memory(f.sess, &m), POOCH_OK);
+  EXPECT_TRUE(reserved_zero(m));
+  pooch_metrics e;
+  std::memset(&e, 0xAB, sizeof e);
+  ASSERT_EQ(pooch_evaluate(f.sess, f.ds, nullptr, 0.55f, 1.5f, &e), POOCH_OK);
+  EXPECT_TRUE(reserved_zero(e));
 }
 
 TEST(Api, NullArgumentsAreErrorsWithMessages) {

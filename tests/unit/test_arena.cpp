@@ -7,15 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/util.h"
 #include "runtime/core/error.h"
 #include "runtime/memory/arena_plan.h"
 
 namespace pooch {
 namespace {
-
-size_t align_up(size_t b, size_t a) {
-  return (b + a - 1) / a * a;
-}
 
 BufferRequest req(size_t bytes, int first, int last, int inplace_of = -1,
                   Role role = Role::activation) {
@@ -315,8 +312,9 @@ TEST(ArenaPlan, CheckBudgetNamesTheMinimum) {
     EXPECT_NE(msg.find(std::to_string(p.peak)), std::string::npos) << msg;
     EXPECT_NE(msg.find(std::to_string(8u << 20)), std::string::npos) << msg;
     // 9 MiB + 1 KiB rounds up: 10 MiB is the least whole-MiB budget that fits.
-    EXPECT_NE(msg.find("at least 10 MiB"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("--device-memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("a budget of at least 10 MiB"), std::string::npos) << msg;
+    // Which flag sets the budget is pooch-run's to say, not the library's.
+    EXPECT_EQ(msg.find("--"), std::string::npos) << msg;
   }
 }
 

@@ -62,7 +62,7 @@ TEST(CudaBackendNoDevice, MakeThrowsNoDeviceWithTheReason) {
       EXPECT_EQ(e.code(), POOCH_ERR_NO_DEVICE);
       const std::string msg = e.what();
       EXPECT_NE(msg.find(why), std::string::npos) << msg;
-      EXPECT_NE(msg.find("--device cpu"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("--"), std::string::npos) << msg;  // flag advice is pooch-run's
     }
   }
 }
@@ -115,7 +115,8 @@ TEST(CudaLibs, AMissingLibraryIsNamed) {
                                                kern::cuda::cusparse_soname(), &why));
   EXPECT_EQ(why.rfind("libpooch-test-no-such-cublas.so.13 not found: install the CUDA ", 0), 0u)
       << why;
-  EXPECT_NE(why.find(" runtime libraries or use --device cpu"), std::string::npos) << why;
+  EXPECT_NE(why.find(" runtime libraries"), std::string::npos) << why;
+  EXPECT_EQ(why.find("--"), std::string::npos) << why;  // flag advice is pooch-run's
   EXPECT_EQ(t.cublasSgemm, nullptr);
   // cuSPARSE missing: named too, whether or not this machine has cuBLAS (which
   // is then unloaded again).
@@ -317,7 +318,8 @@ TEST(CudaBackend, BudgetIsEnforced) {
     EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
     const std::string msg = e.what();
     EXPECT_NE(msg.find(std::to_string(200 * kMiB)), std::string::npos) << msg;
-    EXPECT_NE(msg.find("--device-memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("a budget of at least "), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("--"), std::string::npos) << msg;  // flag advice is pooch-run's
   }
   EXPECT_EQ(b->arena_base(), nullptr);
   b->arena_reserve(limit);

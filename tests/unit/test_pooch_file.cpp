@@ -689,13 +689,20 @@ TEST_F(PoochFileTest, DataChecksum) {
 }
 
 TEST_F(PoochFileTest, OsErrors) {
-  for (const std::string& p : {dir_ + "/missing.pooch", dir_}) {
+  // A FIFO is refused at once (not waited on for a writer), as not a regular file.
+  const std::string fifo = dir_ + "/fifo.pooch";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& p : {dir_ + "/missing.pooch", dir_, fifo}) {
     try {
       read_pooch_file(p);
       FAIL() << p;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), POOCH_ERR_IO);
       EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+      if (p != dir_ + "/missing.pooch") {
+        EXPECT_NE(std::string(e.what()).find("give the path of a .pooch file"), std::string::npos)
+            << e.what();
+      }
     }
   }
 }

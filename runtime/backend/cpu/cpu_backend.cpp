@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 
+#include "../../../kernels/common/util.h"
 #include "../../../kernels/cpu/cpu_kernels.h"
 #include "../../core/error.h"
 
@@ -21,11 +21,6 @@ namespace cpu {
 namespace {
 
 constexpr size_t kAlignment = 256;
-constexpr double kMiB = 1024.0 * 1024.0;
-
-size_t mib_ceil(size_t bytes) {
-  return bytes / (1u << 20) + (bytes % (1u << 20) != 0 ? 1 : 0);
-}
 
 size_t physical_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -62,8 +57,7 @@ std::byte* take_host_memory(size_t bytes, const char* what, const char* fix) {
     throw Error(POOCH_ERR_OUT_OF_MEMORY,
                 fmt::format("the cpu backend could not take {} bytes ({:.2f} MiB) of host memory "
                             "for its {}; {:.2f} MiB are available. Free host memory, or {}",
-                            bytes, static_cast<double>(bytes) / kMiB, what,
-                            static_cast<double>(available_memory()) / kMiB, fix));
+                            bytes, to_mib(bytes), what, to_mib(available_memory()), fix));
   return static_cast<std::byte*>(p);
 }
 
@@ -79,8 +73,7 @@ CpuBackend::CpuBackend(const CpuBackendParams& p)
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("cpu backend: threads is {}; pass a positive count, or 0 for all cores",
                             p.threads));
-  threads_ = p.threads > 0 ? p.threads
-                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  threads_ = resolve_threads(p.threads);
   openblas_set_num_threads(threads_);
   for (int i = 0; i < kNumStreams; ++i)
     streams_[i] = std::make_unique<StreamWorker>(stream_name(i), kStreamQueueCapacity);
@@ -123,12 +116,11 @@ void CpuBackend::arena_reserve(size_t bytes) {
   if (budget_ != 0 && bytes > budget_)
     throw Error(POOCH_ERR_OUT_OF_BUDGET,
                 fmt::format("the arena needs {} bytes ({} MiB) of device memory but the cpu "
-                            "device budget is {} bytes ({:.2f} MiB); raise --device-memory to at "
+                            "device budget is {} bytes ({:.2f} MiB); it needs a budget of at "
                             "least {} MiB",
-                            bytes, mib_ceil(bytes), budget_, static_cast<double>(budget_) / kMiB,
-                            mib_ceil(bytes)));
+                            bytes, mib_ceil(bytes), budget_, to_mib(budget_), mib_ceil(bytes)));
   arena_ = take_host_memory(bytes, "device arena",
-                            "lower --device-memory so the planner swaps more to the host pool");
+                            "lower the device budget so the planner swaps more to the host pool");
   arena_bytes_ = bytes;
   arena_reserved_ = true;
 }

@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
-#include <thread>
 #include <vector>
 
+#include "../../../kernels/common/util.h"
 #include "../../../kernels/cuda/cuda_kernels.h"
 #include "../../../kernels/cuda/cuda_libs.h"
 #include "../../core/error.h"
@@ -41,18 +41,9 @@ using kern::cuda::cuda_libs;
 namespace {
 
 constexpr size_t kAlignment = 256;
-constexpr double kMiB = 1024.0 * 1024.0;
 // Left free when the budget is taken from free memory: the CUDA context,
 // library kernels and other processes need some.
 constexpr size_t kMarginFixed = size_t{256} << 20;
-
-size_t mib_ceil(size_t bytes) {
-  return bytes / (1u << 20) + (bytes % (1u << 20) != 0 ? 1 : 0);
-}
-
-size_t round_up(size_t x, size_t a) {
-  return (x + a - 1) / a * a;
-}
 
 std::string cuda_error(cudaError_t e) {
   return fmt::format("{} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
@@ -166,8 +157,7 @@ CudaBackend::CudaBackend(const CudaBackendParams& p)
                 fmt::format("cuda backend: threads is {}; pass a positive count, or 0 for all "
                             "cores",
                             p.threads));
-  threads_ = p.threads > 0 ? p.threads
-                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  threads_ = resolve_threads(p.threads);
   // make_cuda_backend loaded cuBLAS and cuSPARSE already (cuda_device_available).
   if (std::string why; !kern::cuda::load_cuda_libs(&why))
     throw Error(POOCH_ERR_NO_DEVICE, fmt::format("the CUDA backend is not available: {}", why));
@@ -280,32 +270,30 @@ void CudaBackend::arena_reserve(size_t bytes) {
         POOCH_ERR_OUT_OF_BUDGET,
         fmt::format("the arena needs {} bytes ({} MiB) of device memory but the cuda device "
                     "budget leaves {} bytes ({:.2f} MiB) for it ({} budget {:.2f} MiB, less "
-                    "{} MiB for cuBLAS's workspace); {}",
-                    bytes, mib_ceil(bytes), limit, static_cast<double>(limit) / kMiB,
-                    budget_from_free_ ? "the free memory's" : "a", static_cast<double>(budget_) / kMiB,
-                    cublas_ws_ >> 20,
-                    budget_from_free_
-                        ? "free device memory (other processes hold some), or lower the batch "
-                          "size so the planner needs less"
-                        : fmt::format("raise --device-memory to at least {} MiB",
-                                      mib_ceil(bytes + cublas_ws_))));
+                    "{} MiB for cuBLAS's workspace); it needs a budget of at least {} MiB{}",
+                    bytes, mib_ceil(bytes), limit, to_mib(limit),
+                    budget_from_free_ ? "the free memory's" : "a", to_mib(budget_),
+                    cublas_ws_ >> 20, mib_ceil(bytes + cublas_ws_),
+                    budget_from_free_ ? ", more than the device has free: free device memory "
+                                        "(other processes hold some), or lower the batch size so "
+                                        "the planner needs less"
+                                      : ""));
   bind();
-  const size_t arena_part = round_up(std::max<size_t>(bytes, 1), kAlignment);
+  const size_t arena_part = align_up(std::max<size_t>(bytes, 1), kAlignment);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, arena_part + cublas_ws_);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     size_t free = 0, total = 0;
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) (void)cudaGetLastError();
-    throw Error(POOCH_ERR_OUT_OF_BUDGET,
-                fmt::format("cuda backend: cudaMalloc of {} bytes ({:.2f} MiB: the arena and "
-                            "{} MiB for cuBLAS) on {} failed: {}; {:.2f} MiB of {:.2f} MiB are "
-                            "free. Free device memory, or lower --device-memory so the planner "
-                            "swaps more to the host",
-                            arena_part + cublas_ws_,
-                            static_cast<double>(arena_part + cublas_ws_) / kMiB, cublas_ws_ >> 20,
-                            device_name_, cuda_error(e), static_cast<double>(free) / kMiB,
-                            static_cast<double>(total) / kMiB));
+    throw Error(
+        POOCH_ERR_OUT_OF_BUDGET,
+        fmt::format("cuda backend: cudaMalloc of {} bytes ({:.2f} MiB: the arena and "
+                    "{} MiB for cuBLAS) on {} failed: {}; {:.2f} MiB of {:.2f} MiB are "
+                    "free. Free device memory, or lower the device budget so the planner "
+                    "swaps more to the host",
+                    arena_part + cublas_ws_, to_mib(arena_part + cublas_ws_), cublas_ws_ >> 20,
+                    device_name_, cuda_error(e), to_mib(free), to_mib(total)));
   }
   arena_ = static_cast<std::byte*>(p);
   try {
@@ -328,25 +316,26 @@ void CudaBackend::host_pool_reserve(size_t bytes) {
                             pool_bytes_));
   bind();
   // At least one byte, so that even an empty plan gets a base that is not null.
-  const size_t n = round_up(std::max<size_t>(bytes, 1), kAlignment);
+  const size_t n = align_up(std::max<size_t>(bytes, 1), kAlignment);
   void* p = nullptr;
   const cudaError_t e = cudaHostAlloc(&p, n, cudaHostAllocPortable);
   if (e == cudaSuccess) {
     pool_pinned_ = true;
   } else {
     (void)cudaGetLastError();
-    warn(fmt::format("cuda backend: pinning {:.2f} MiB of host memory for the host pool failed "
-                     "({}); using pageable memory, so copies to and from the device will be "
-                     "slower and will not overlap compute. Raise the locked-memory limit "
-                     "(ulimit -l) or free host memory",
-                     static_cast<double>(n) / kMiB, cuda_error(e)));
+    warn(
+        fmt::format("cuda backend: pinning {:.2f} MiB of host memory for the host pool failed "
+                    "({}); using pageable memory, so copies to and from the device will be "
+                    "slower and will not overlap compute. Raise the locked-memory limit "
+                    "(ulimit -l) or free host memory",
+                    to_mib(n), cuda_error(e)));
     p = std::aligned_alloc(kAlignment, n);
     if (p == nullptr)
       throw Error(POOCH_ERR_OUT_OF_MEMORY,
                   fmt::format("the cuda backend could not take {} bytes ({:.2f} MiB) of host "
                               "memory for its host pool. Free host memory, or use a smaller "
                               "batch size so fewer activations are swapped",
-                              n, static_cast<double>(n) / kMiB));
+                              n, to_mib(n)));
     pool_pinned_ = false;
   }
   pool_ = static_cast<std::byte*>(p);
@@ -620,10 +609,7 @@ bool cuda_device_available(std::string* why, int device) {
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendParams& p) {
   std::string why;
   if (!cuda_device_available(&why, p.device))
-    throw Error(POOCH_ERR_NO_DEVICE,
-                fmt::format("the CUDA backend is not available: {}; use the CPU backend "
-                            "(--device cpu) instead",
-                            why));
+    throw Error(POOCH_ERR_NO_DEVICE, fmt::format("the CUDA backend is not available: {}", why));
   return std::make_unique<cuda::CudaBackend>(p);
 }
 

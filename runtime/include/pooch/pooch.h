@@ -6,6 +6,14 @@
  *    pooch_status_str() names it and pooch_last_error() gives the message of
  *    the last failure on the calling thread;
  *  - parameter structs are filled with defaults by pooch_*_default_params();
+ *  - ABI: public structs only grow. A struct the caller allocates (the
+ *    parameter structs, pooch_memory_report, pooch_metrics) ends in
+ *    `reserved` bytes that later versions turn into new fields, where 0
+ *    keeps the earlier behaviour; existing fields never move or change.
+ *    So fill parameter structs with pooch_*_default_params() (which zeroes
+ *    `reserved`), or zero them whole, before setting fields, and never touch
+ *    `reserved` yourself. Structs the library hands out (pooch_epoch_report)
+ *    may grow at their end;
  *  - pooch_*_free(&h) releases a handle and sets it to NULL;
  *  - the library never aborts or exits the host program.
  * Threading: one session per thread at a time; pooch_session_cancel may be
@@ -29,9 +37,8 @@ extern "C" {
 #define POOCH_API
 #endif
 
-#define POOCH_VERSION_MAJOR 0
-#define POOCH_VERSION_MINOR 1
-#define POOCH_VERSION_PATCH 0
+/* POOCH_VERSION_MAJOR, _MINOR, _PATCH and _STRING, generated from meson.build. */
+#include "pooch/pooch_version.h"
 
 typedef enum pooch_status {
   POOCH_OK = 0,
@@ -89,6 +96,7 @@ typedef struct pooch_xmc_params {
   pooch_loss loss;    /* default BCE */
   uint64_t seed;      /* weight init, dropout, fan-in wiring (default 1) */
   int topk;           /* the most labels pooch_session_predict returns per row (default 5) */
+  uint8_t reserved[64]; /* zero: room for new fields (see the top of this file) */
 } pooch_xmc_params;
 
 POOCH_API void pooch_xmc_default_params(pooch_xmc_params* p);
@@ -191,6 +199,7 @@ typedef struct pooch_session_params {
                                checkpoint's optimizer settings win over the ones above. */
   pooch_progress_fn progress;
   void* progress_user;
+  uint8_t reserved[64]; /* zero: room for new fields (see the top of this file) */
 } pooch_session_params;
 
 POOCH_API void pooch_session_default_params(pooch_session_params* p);
@@ -246,6 +255,7 @@ typedef struct pooch_memory_report {
   size_t by_role[5];      /* input, weight, activation, gradient, optimizer state */
   size_t budget;          /* the budget it was planned against */
   const char* backend;    /* "cpu" or "cuda" */
+  uint8_t reserved[64];   /* zeroed by the library: room for new fields */
 } pooch_memory_report;
 
 POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out);
@@ -274,6 +284,7 @@ typedef struct pooch_planted_params {
   int topic_features; /* default 4 */
   int noise_features; /* default 3 */
   uint64_t seed;      /* default 1 */
+  uint8_t reserved[64]; /* zero: room for new fields (see the top of this file) */
 } pooch_planted_params;
 
 POOCH_API void pooch_planted_default_params(pooch_planted_params* p);
@@ -323,6 +334,7 @@ typedef struct pooch_metrics {
   double psp[5];       /* propensity-scored precision; 0 without propensities */
   int has_psp;
   int64_t rows;
+  uint8_t reserved[64]; /* zeroed by the library: room for new fields */
 } pooch_metrics;
 
 typedef struct pooch_epoch_report {
@@ -351,6 +363,7 @@ typedef struct pooch_train_params {
   int (*on_step)(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches);
   void (*on_epoch)(void* user, const pooch_epoch_report* report);
   void* user;
+  uint8_t reserved[64]; /* zero: room for new fields (see the top of this file) */
 } pooch_train_params;
 
 POOCH_API void pooch_train_default_params(pooch_train_params* p);

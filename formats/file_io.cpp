@@ -1,4 +1,4 @@
-#include "formats/xmc_io.h"
+#include "formats/file_io.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -11,15 +11,18 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <system_error>
 
 #include "runtime/core/error.h"
 
-namespace pooch::xmc_io {
+namespace pooch::file_io {
 
 namespace {
 
 constexpr size_t kEdgeBytes = 64 * 1024;
+constexpr std::align_val_t kHeapAlign{64};  // as a mapping's start, for data used in place
+constexpr size_t kMaxIo = size_t{1} << 30;  // Linux moves at most about 2 GiB per call
 
 [[noreturn]] void io_fail(const std::string& what, const std::string& path, int err,
                           const char* todo) {
@@ -27,72 +30,134 @@ constexpr size_t kEdgeBytes = 64 * 1024;
               fmt::format("cannot {} '{}': {}; {}", what, path, errno_text(err), todo));
 }
 
-// Reads exactly n bytes at offset, retrying short reads and EINTR.
-bool pread_full(int fd, char* dst, size_t n, uint64_t off) {
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(off));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    dst += got;
-    n -= static_cast<size_t>(got);
-    off += static_cast<uint64_t>(got);
-  }
-  return true;
-}
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 std::string errno_text(int err) {
   return std::error_code(err, std::generic_category()).message();
 }
 
-MappedFile::MappedFile(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+Fd::~Fd() {
+  if (fd >= 0) ::close(fd);
+}
+
+bool read_full(int fd, void* dst, size_t n) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::read(fd, p, std::min(n, kMaxIo));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+bool pread_full(int fd, void* dst, size_t n, uint64_t offset) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, std::min(n, kMaxIo), static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+MappedFile::MappedFile(const std::string& path, const MapOptions& opts) {
+  // O_NONBLOCK keeps opening a FIFO that will be refused from waiting for a
+  // writer; for a regular file it changes nothing.
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (opts.regular_only ? O_NONBLOCK : 0)));
   if (f.fd < 0) io_fail("open", path, errno, "check the path and its permissions");
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) io_fail("stat", path, errno, "check the path and its permissions");
   if (S_ISDIR(st.st_mode))
     throw Error(
         POOCH_ERR_IO,
-        fmt::format("cannot read '{}': it is a directory; give the path of a data file", path));
-  if (S_ISREG(st.st_mode)) {
+        fmt::format("cannot read '{}': it is a directory; give the path of {}", path, opts.what));
+  const bool regular = S_ISREG(st.st_mode);
+  if (!regular && opts.regular_only)
+    throw Error(POOCH_ERR_IO,
+                fmt::format("'{}' is not a regular file; give the path of {}", path, opts.what));
+  if (regular) {
     size_ = static_cast<size_t>(st.st_size);
     if (size_ == 0) return;  // mmap of length 0 fails; an empty view says it all
-    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-    if (map_ != MAP_FAILED) {
-      ::madvise(map_, size_, MADV_SEQUENTIAL);
-      data_ = static_cast<const char*>(map_);
-      return;
+    if (opts.use_mmap) {
+      map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+      if (map_ != MAP_FAILED) {
+        if (opts.sequential) ::madvise(map_, size_, MADV_SEQUENTIAL);
+        data_ = static_cast<const std::byte*>(map_);
+        return;
+      }
+      map_ = nullptr;  // a file system without mmap: fall through to read()
     }
-    map_ = nullptr;  // a file system without mmap: fall through to read()
   }
-  char chunk[1 << 16];
-  for (;;) {
-    const ssize_t got = ::read(f.fd, chunk, sizeof chunk);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) io_fail("read", path, errno, "check that the file is readable");
-    if (got == 0) break;
-    buf_.append(chunk, static_cast<size_t>(got));
-  }
-  data_ = buf_.data();
-  size_ = buf_.size();
+  read_all(f.fd, path, regular);
 }
 
 MappedFile::~MappedFile() {
   if (map_) ::munmap(map_, size_);
+  if (heap_) ::operator delete(heap_, kHeapAlign);
+}
+
+void MappedFile::grow(size_t cap, const std::string& path) {
+  std::byte* p = nullptr;
+  try {
+    p = static_cast<std::byte*>(::operator new(cap, kHeapAlign));
+  } catch (const std::bad_alloc&) {
+    throw Error(POOCH_ERR_OUT_OF_MEMORY,
+                fmt::format("cannot read '{}': {} bytes of memory to read it into are not "
+                            "available",
+                            path, cap));
+  }
+  if (heap_) {
+    std::memcpy(p, heap_, size_);
+    ::operator delete(heap_, kHeapAlign);
+  }
+  heap_ = p;
+  heap_cap_ = cap;
+}
+
+void MappedFile::read_all(int fd, const std::string& path, bool known_size) {
+  if (known_size) {
+    // A regular file: one buffer of its size, filled by as few calls as the OS allows.
+    const size_t want = size_;
+    size_ = 0;
+    grow(want, path);
+    while (size_ < want) {
+      const ssize_t got =
+          ::pread(fd, heap_ + size_, std::min(want - size_, kMaxIo), static_cast<off_t>(size_));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        const int err = got < 0 ? errno : 0;
+        throw Error(
+            POOCH_ERR_IO,
+            fmt::format("cannot read '{}' at byte {}: {}; check the disk, or whether "
+                        "another program is changing the file",
+                        path, size_, err ? errno_text(err) : "the file shrank while reading"));
+      }
+      size_ += static_cast<size_t>(got);
+    }
+  } else {
+    // A pipe or a device: read until it ends, doubling the buffer.
+    for (;;) {
+      if (size_ == heap_cap_) grow(std::max<size_t>(heap_cap_ * 2, 1 << 16), path);
+      const ssize_t got = ::read(fd, heap_ + size_, std::min(heap_cap_ - size_, kMaxIo));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0)
+        throw Error(POOCH_ERR_IO, fmt::format("cannot read '{}' at byte {}: {}; check that the "
+                                              "file is readable",
+                                              path, size_, errno_text(errno)));
+      if (got == 0) break;
+      size_ += static_cast<size_t>(got);
+    }
+  }
+  data_ = heap_;
 }
 
 FileId file_id(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (f.fd < 0) io_fail("open", path, errno, "check the path and its permissions");
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) io_fail("stat", path, errno, "check the path and its permissions");
@@ -136,8 +201,8 @@ AtomicFile::~AtomicFile() {
 void AtomicFile::write(const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    // Linux moves at most about 2 GiB per call; loop for the rest and for short writes.
-    const ssize_t put = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+    // Loop for what one call cannot move and for short writes.
+    const ssize_t put = ::write(fd_, p, std::min(n, kMaxIo));
     if (put < 0 && errno == EINTR) continue;
     if (put <= 0) {
       if (put == 0) errno = EIO;
@@ -194,4 +259,4 @@ void AtomicFile::fail(const std::string& step) {
                                         path_, step, tmp_, errno_text(err), path_));
 }
 
-}  // namespace pooch::xmc_io
+}  // namespace pooch::file_io
