@@ -165,16 +165,31 @@ struct Search {
   }
   std::vector<Residency> all(Residency r) const {
     std::vector<Residency> v(g.num_tensors(), Residency::keep);
-    for (const SavedActivation& sa : saved)
-      v[static_cast<size_t>(sa.tensor)] =
-          r == Residency::recompute && !sa.recomputable ? Residency::keep : r;
+    for (const SavedActivation& sa : saved) v[static_cast<size_t>(sa.tensor)] = r;
     return v;
   }
-  // The prefetch lead and release lag that simulate fastest for these decisions.
+  // Every saved activation whose producer reads no recomputed one: one level
+  // of recompute (a chain recomputed from its start would bring every
+  // activation back at once and save nothing).
+  std::vector<Residency> recompute_one_level() const {
+    std::vector<Residency> v(g.num_tensors(), Residency::keep);
+    for (const SavedActivation& sa : saved) {
+      if (!sa.recomputable) continue;
+      bool reads_recomputed = false;
+      for (TensorId x : g.nodes()[static_cast<size_t>(base.nodes[static_cast<size_t>(sa.producer)])].inputs)
+        reads_recomputed = reads_recomputed || v[static_cast<size_t>(x)] == Residency::recompute;
+      if (!reads_recomputed) v[static_cast<size_t>(sa.tensor)] = Residency::recompute;
+    }
+    return v;
+  }
+  // The prefetch lead and release lag that simulate fastest for these
+  // decisions (a copy released at once and prefetched just in time needs the
+  // least memory; earlier prefetches and later releases hide the copies).
   Candidate best_timing(const std::vector<Residency>& r) {
-    Candidate best = evaluate(r, 1, 1);
-    for (int lead : {2, 4, 8})
-      for (int lag : {1, 2, 4}) {
+    Candidate best = evaluate(r, 1, 0);
+    for (int lead : {1, 2, 4, 8})
+      for (int lag : {0, 1, 2, 4}) {
+        if (lead == 1 && lag == 0) continue;
         Candidate c = evaluate(r, lead, lag);
         if (better(c, best)) best = std::move(c);
       }
@@ -189,7 +204,7 @@ struct Search {
       if (i % k != 0)
         r[static_cast<size_t>(saved[i].tensor)] =
             saved[i].recomputable ? Residency::recompute : Residency::swap;
-    return evaluate(r, 2, 1);
+    return evaluate(r, 1, 0);
   }
 
   // PoocH's search: all swapped; then kept, latest made first, while the plan
@@ -197,7 +212,7 @@ struct Search {
   // copies cause, smallest ratio first; prefetch timing last.
   Candidate pooch_greedy() {
     std::vector<Residency> r = all(Residency::swap);
-    Candidate cur = evaluate(r, 2, 1);
+    Candidate cur = evaluate(r, 1, 0);
     std::vector<size_t> order(saved.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(),
@@ -274,7 +289,7 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
       best = s.best_timing(s.all(Residency::swap));
       break;
     case Strategy::recompute_all:
-      best = s.evaluate(s.all(Residency::recompute), 1, 1);
+      best = s.evaluate(s.recompute_one_level(), 1, 0);
       break;
     case Strategy::checkpoint_sqrt:
       best = s.checkpoint_sqrt();
@@ -289,7 +304,7 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
       const std::pair<Strategy, Search::Candidate> tries[] = {
           {Strategy::pooch_greedy, s.pooch_greedy()},
           {Strategy::checkpoint_sqrt, s.checkpoint_sqrt()},
-          {Strategy::recompute_all, s.evaluate(s.all(Residency::recompute), 1, 1)},
+          {Strategy::recompute_all, s.evaluate(s.recompute_one_level(), 1, 0)},
           {Strategy::swap_all, s.best_timing(s.all(Residency::swap))}};
       for (const auto& [k, c] : tries)
         if (Search::better(c, best)) {

@@ -13,7 +13,7 @@ namespace pooch {
 enum class Strategy {
   keep,             // in core: everything stays
   swap_all,         // every saved activation goes to the host pool and back
-  recompute_all,    // every saved activation with a single-output producer is recomputed
+  recompute_all,    // every saved activation recomputed whose producer reads none (one level)
   checkpoint_sqrt,  // keep every ceil(sqrt(n))-th saved activation, recompute the rest (Chen et al.)
   pooch_greedy,     // PoocH: all swapped; kept latest first while it fits; recomputed where cheaper
   automatic,        // the best of the above, improved by local search over the simulator

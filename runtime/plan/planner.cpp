@@ -7,6 +7,7 @@
 
 #include "../core/error.h"
 #include "../core/op_registry.h"
+#include "../../kernels/common/util.h"
 
 namespace pooch {
 
@@ -407,9 +408,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   }
 
   const size_t align = layout.alignment;
-  auto align_up = [&](size_t n) { return (n + align - 1) / align * align; };
   s.transient = plan_arena(reqs, align);
-  const size_t base = align_up(layout.persistent.peak);
+  const size_t base = align_up(layout.persistent.peak, align);
   s.arena_bytes = base + s.transient.peak;
   auto offset_of = [&](const Interval& iv) {
     return base + s.transient.offsets[static_cast<size_t>(iv.request)];
@@ -450,7 +450,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     host_ids.push_back(static_cast<TensorId>(t));
   }
   const ArenaPlan host_plan = plan_arena(host_reqs, align);
-  const size_t host_base = align_up(layout.host.peak);
+  const size_t host_base = align_up(layout.host.peak, align);
   s.host_bytes = host_reqs.empty() ? layout.host.peak : host_base + host_plan.peak;
   std::vector<size_t> host_slot(n_t, kUnplaced);
   for (size_t i = 0; i < host_ids.size(); ++i)

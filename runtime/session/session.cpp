@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "../core/autodiff.h"
 #include "../core/error.h"
+#include "../../kernels/common/util.h"
 
 namespace pooch {
 
@@ -56,10 +56,10 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
                   fmt::format("the model has {} losses; a session trains one", m.losses.size()));
     append_optimizer(graph_, build_backward(graph_, m.losses[0]), cfg.optimizer);
   }
-  const int threads = cfg.threads > 0
-                          ? cfg.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  backend_ = make_backend(cfg.device, {cfg.device_memory, threads}, note, note_user);
+  const int threads = resolve_threads(cfg.threads);
+  backend_ = make_backend(cfg.device,
+                          {cfg.device_memory, threads, cfg.link_bandwidth, cfg.link_latency}, note,
+                          note_user);
 
   std::vector<TensorId> staged;
   for (const IoTensor& t : m.inputs) staged.push_back(t.id);
@@ -78,6 +78,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     if (std::find(losses.begin(), losses.end(), t.id) == losses.end()) results.push_back(t.id);
   }
   const PlanOptions po{cfg.deterministic};
+  budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
+  LinkModel link;
+  if (cfg.link_bandwidth > 0) link.h2d_bandwidth = link.d2h_bandwidth = cfg.link_bandwidth;
+  if (cfg.link_latency > 0) link.latency = cfg.link_latency;
+  // Until a step is measured, node times are estimated from FLOPs and bytes.
+  profile_ = estimate_profile(graph_, 20e9, 10e9, link);
   auto plan = [&](ProgramKind kind, const std::vector<TensorId>& wanted, bool training) {
     auto p = std::make_unique<CompiledProgram>();
     p->outputs = wanted;
@@ -86,6 +92,26 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     rq.outputs = wanted;
     rq.training = training;
     p->schedule = plan_schedule(graph_, rq, *backend_, layout_, po);
+    if (kind == ProgramKind::train_step) {
+      ooc_.in_core_arena = p->schedule.arena_bytes;
+      ooc_.predicted_in_core = simulate(p->schedule, profile_).seconds;
+      ooc_.predicted_seconds = ooc_.predicted_in_core;
+      if (budget_ && p->schedule.arena_bytes > budget_ && cfg.strategy != Strategy::keep) {
+        // The forward part ends at the node that makes the loss.
+        for (size_t i = 0; i < rq.nodes.size(); ++i)
+          for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
+            if (o == m.losses[0]) rq.split = static_cast<int>(i);
+        OocPlan op = plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_,
+                                      profile_);
+        p->schedule = std::move(op.schedule);
+        ooc_.active = true;
+        ooc_.strategy = op.strategy;
+        ooc_.swapped_bytes = p->schedule.swapped_bytes;
+        ooc_.recomputed_bytes = p->schedule.recomputed_bytes;
+        ooc_.predicted_seconds = op.sim.seconds;
+        ooc_.plans_tried = op.plans_tried;
+      }
+    }
     programs_[static_cast<int>(kind)] = std::move(p);
   };
   const bool trains = cfg.train && !losses.empty();
@@ -101,14 +127,13 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     if (p && (!largest || p->schedule.arena_bytes > largest->schedule.arena_bytes))
       largest = p.get();
   const size_t align = backend_->caps().alignment;
-  memory_.peak = (layout_.persistent.peak + align - 1) / align * align;
+  memory_.peak = align_up(layout_.persistent.peak, align);
   if (largest) {
     memory_.peak = largest->schedule.arena_bytes;
     memory_.live_peak += largest->schedule.transient.live_peak;
     for (int r = 0; r < kNumRoles; ++r)
       memory_.bytes_by_role[r] += largest->schedule.transient.bytes_by_role[r];
   }
-  budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
   if (budget_) check_budget(memory_, budget_);
   size_t host_bytes = layout_.host.peak;
   for (const auto& p : programs_)

@@ -13,6 +13,7 @@
 #include "../core/optimizer.h"
 #include "../exec/executor.h"
 #include "../models/model.h"
+#include "../plan/ooc.h"
 #include "../plan/planner.h"
 
 namespace pooch {
@@ -28,6 +29,24 @@ struct SessionConfig {
   bool deterministic = true;
   bool train = true;  // append the backward pass and optimizer updates to the model's losses
   OptimizerConfig optimizer;
+  // When the in-core train step does not fit device_memory: how the planner
+  // makes it fit (keep: refuse instead).
+  Strategy strategy = Strategy::automatic;
+  // The CPU backend's emulated device link (0: memcpy speed), and the link the
+  // planner assumes before anything is measured (0: a PCIe-like default).
+  double link_bandwidth = 0;
+  double link_latency = 0;
+};
+
+// What the planner decided for the train step.
+struct OutOfCoreReport {
+  bool active = false;  // the in-core step did not fit: activations are swapped or recomputed
+  Strategy strategy = Strategy::keep;
+  size_t in_core_arena = 0;  // what the train step needs in core
+  size_t swapped_bytes = 0, recomputed_bytes = 0;
+  double predicted_seconds = 0;     // the simulator's step time
+  double predicted_in_core = 0;     // the same for the in-core step
+  int plans_tried = 0;
 };
 
 // One program compiled for this session.
@@ -92,6 +111,8 @@ class Session {
   // plus the largest program's buffers), by role.
   const ArenaPlan& memory_plan() const { return memory_; }
   const Schedule* schedule(ProgramKind p) const;
+  const OutOfCoreReport& out_of_core() const { return ooc_; }
+  const Profile& profile() const { return profile_; }
 
  private:
   TensorId staged_tensor(std::string_view name, bool input) const;
@@ -107,6 +128,8 @@ class Session {
   std::unique_ptr<CompiledProgram> programs_[kNumPrograms];
   std::vector<std::unique_ptr<CompiledProgram>> custom_;
   ArenaPlan memory_;
+  OutOfCoreReport ooc_;
+  Profile profile_;
   size_t budget_ = 0;
   int64_t rows_ = -1;  // rows of the last batch input set (-1: none yet: every row counts)
   std::atomic<bool> cancel_{false};
