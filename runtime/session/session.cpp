@@ -101,6 +101,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         for (size_t i = 0; i < rq.nodes.size(); ++i)
           for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
             if (o == m.losses[0]) rq.split = static_cast<int>(i);
+        train_request_ = rq;
         OocPlan op = plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_,
                                       profile_);
         p->schedule = std::move(op.schedule);
@@ -138,7 +139,18 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   size_t host_bytes = layout_.host.peak;
   for (const auto& p : programs_)
     if (p) host_bytes = std::max(host_bytes, p->schedule.host_bytes);
-  exec_ = std::make_unique<Executor>(*backend_, memory_.peak, host_bytes);
+  size_t arena_bytes = memory_.peak;
+  if (ooc_.active) {
+    // Out of core, the whole budget is the arena, and the host pool holds
+    // every saved activation at once, so that a plan made again from measured
+    // times always fits what was taken.
+    arena_bytes = std::max(arena_bytes, budget_);
+    size_t saved = 0;
+    for (const SavedActivation& sa : saved_activations(graph_, train_request_))
+      saved += align_up(sa.bytes, align);
+    host_bytes = std::max(host_bytes, align_up(layout_.host.peak, align) + saved);
+  }
+  exec_ = std::make_unique<Executor>(*backend_, arena_bytes, host_bytes);
   for (auto& p : programs_)
     if (p) p->bound = exec_->bind(p->schedule, ctx_.get());
 
@@ -268,6 +280,31 @@ void Session::run(ProgramKind p) {
   if (c->schedule.training) ++ctx_->step;
   ctx_->training = c->schedule.training ? 1 : 0;
   exec_->run(c->bound);
+}
+
+void Session::run_profiled_train_step() {
+  check_cancel();
+  auto& c = programs_[static_cast<int>(ProgramKind::train_step)];
+  if (!c) run(ProgramKind::train_step);  // says why there is none
+  fill_row_masks();
+  ++ctx_->step;
+  ctx_->training = 1;
+  const StepTimes t = exec_->run_timed(c->bound);
+  profile_ = measured_profile(graph_, c->schedule, t, profile_.link);
+  profile_measured_ = true;
+  if (ooc_.active) {
+    OocPlan op = plan_out_of_core(graph_, train_request_, *backend_, layout_, {cfg_.deterministic},
+                                  cfg_.strategy, exec_->arena_bytes(), profile_);
+    if (op.schedule.host_bytes <= exec_->host_bytes()) {
+      c->schedule = std::move(op.schedule);
+      c->bound = exec_->bind(c->schedule, ctx_.get());
+      ooc_.strategy = op.strategy;
+      ooc_.swapped_bytes = c->schedule.swapped_bytes;
+      ooc_.recomputed_bytes = c->schedule.recomputed_bytes;
+      ooc_.plans_tried = op.plans_tried;
+    }
+  }
+  ooc_.predicted_seconds = simulate(c->schedule, profile_).seconds;
 }
 
 int Session::compile(const std::vector<TensorId>& wanted, bool training, bool with_updates) {

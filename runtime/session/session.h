@@ -82,6 +82,11 @@ class Session {
   bool has_program(ProgramKind p) const { return programs_[static_cast<int>(p)] != nullptr; }
   // Runs a program. A train step advances the optimizer step counter.
   void run(ProgramKind p);
+  // Runs one real train step a launch at a time, timing each launch and
+  // copy: the measured profile. A step out of core is then planned again
+  // from the measured times (the arena and host pool it took stay).
+  void run_profiled_train_step();
+  bool profile_measured() const { return profile_measured_; }
   // A program over any tensors of the graph (tests, tools): compiled now; it
   // must fit the arena the session took. Outputs must be staged tensors.
   int compile(const std::vector<TensorId>& wanted, bool training, bool with_updates);
@@ -130,6 +135,8 @@ class Session {
   ArenaPlan memory_;
   OutOfCoreReport ooc_;
   Profile profile_;
+  bool profile_measured_ = false;
+  ProgramRequest train_request_;  // kept for planning again from a measured profile
   size_t budget_ = 0;
   int64_t rows_ = -1;  // rows of the last batch input set (-1: none yet: every row counts)
   std::atomic<bool> cancel_{false};
