@@ -256,6 +256,23 @@ expect mlp-no-targets 1 "$RUN" train --data reg/X.npy --out x.pooch "${T[@]}"
 contains mlp-no-targets-message mlp-no-targets.err '--targets Y\.npy'
 expect mlp-xmc-flag 1 "$RUN" train --data reg/X.npy --targets reg/Y.npy --warmup-steps 10 --out x.pooch "${T[@]}"
 [ ! -e x.pooch ] && pass dense-errors-no-model || fail dense-errors-no-model
+expect mlp-budget 3 "$RUN" train --data reg/X.npy --targets reg/Y.npy --device-memory 4K --out x.pooch "${T[@]}"
+contains mlp-budget-message mlp-budget.err '^pooch-run: session: '
+
+# Ctrl-C stops a dense run after the step in progress and writes the model so far.
+"$RUN" train --spec mlp.json --data reg/X.npy --targets reg/Y.npy --epochs 1000000 --early-stop 0 \
+  --out mlp-int.pooch "${T[@]}" > mlp-int.out 2> mlp-int.err &
+pid=$!
+for _ in $(seq 1 600); do
+  grep -q '^epoch 2/' mlp-int.out 2> /dev/null && break
+  sleep 0.1
+done
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc = 130 ] && pass "mlp-sigint (exit $rc)" || { fail "mlp-sigint: exit $rc, wanted 130"; tail -3 mlp-int.err; }
+contains mlp-sigint-message mlp-int.out '^interrupted at step [0-9]+'
+[ -s mlp-int.pooch ] && pass mlp-sigint-model || fail mlp-sigint-model
 
 # --- interrupting and resuming ------------------------------------------------------
 # Uninterrupted reference run, then the same run stopped after 7 steps (as
