@@ -234,6 +234,11 @@ npy zeros.npy '<f4' '(10, 6)' 240
 expect predict-mlp-stdout 0 "$RUN" predict --model mlp.pooch --data zeros.npy "${T[@]}"
 [ "$(awk 'NF == 2' predict-mlp-stdout.out | wc -l)" = 10 ] && pass predict-mlp-stdout-rows ||
   fail predict-mlp-stdout-rows
+# float64 rows and int64 class ids (NumPy's defaults) are read too.
+npy zeros8.npy '<f8' '(10, 4)' 320
+npy ids8.npy '<i8' '(10,)' 80
+expect eval-f8-i8 0 "$RUN" eval --model cls.pooch --data zeros8.npy --targets ids8.npy "${T[@]}"
+contains eval-f8-i8-rows eval-f8-i8.out '^10 rows in .*accuracy'
 expect train-mlp-stopped 0 "$RUN" train --spec mlp.json --data reg/X.npy --targets reg/Y.npy --max-steps 3 \
   --out stopped.pooch "${T[@]}"
 [ -s stopped.pooch ] && pass train-mlp-stopped-model || fail train-mlp-stopped-model
