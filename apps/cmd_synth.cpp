@@ -19,12 +19,22 @@ struct SynthOpts {
   std::string out;
   std::string kind = "xmc";
   DenseSynthFlags dense;
+  const CLI::App* app = nullptr;
   Output output{"synth"};
 };
 
 int run_synth(SynthOpts& o) {
   Output& out = o.output;
-  if (o.kind != "xmc") {
+  // Flags of the other kind would be ignored: refuse them.
+  const bool dense = o.kind != "xmc";
+  for (const char* flag : {"--preset", "--scale", "--rows", "--features", "--outputs", "--noise"}) {
+    const bool dense_flag = std::string(flag) != "--preset" && std::string(flag) != "--scale";
+    if (dense_flag != dense && o.app->count(flag) > 0)
+      return out.fail(kUsage, std::string(flag) + ": applies to --kind " +
+                                  (dense_flag ? "regression or classification" : "xmc") +
+                                  ", not to --kind " + o.kind);
+  }
+  if (dense) {
     o.dense.kind = o.kind;
     return run_dense_synth(o.dense, o.seed, o.out, out);
   }
@@ -103,6 +113,7 @@ Command add_synth(CLI::App& app) {
       ->type_name("DIR")
       ->required();
   add_json_flag(c, o->output);
+  o->app = c;
   return {c, [o] { return o->output.finish(run_synth(*o)); }};
 }
 

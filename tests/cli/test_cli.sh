@@ -177,6 +177,8 @@ contains synth-regression-json synth-regression.out '^\{"command":"synth","kind"
   fail "synth-regression-files: $(wc -c < reg/X.npy) and $(wc -c < reg/Y.npy) bytes"
 expect synth-classification 0 "$RUN" synth --kind classification --rows 800 --features 4 --outputs 3 --out cls
 contains synth-classification-classes synth-classification.out 'class ids in \[0, 3\)'
+expect synth-wrong-kind-flag 1 "$RUN" synth --kind regression --preset Wiki10-31K --out reg2
+contains synth-wrong-kind-flag-message synth-wrong-kind-flag.err '^pooch-run: --preset: applies to --kind xmc'
 
 # Regression from a spec (input width and outputs from the data); 540
 # training rows in batches of 32 end with a partial batch.
