@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "dense.h"
 #include "progress.h"
 #include "training.h"
 
@@ -15,12 +16,22 @@ struct EvalOpts {
   DataFlags data;
   int64_t batch = 0;
   std::string propensity;
+  std::string targets;  // dense models: --data X.npy --targets Y.npy
   DeviceFlags device;
   Output output{"eval"};
 };
 
 int run_eval(EvalOpts& o) {
   Output& out = o.output;
+  if (!o.targets.empty() || is_npy_path(o.data.dir)) {
+    ModelHandle model;
+    if (pooch_status st = pooch_model_load(o.model.c_str(), &model.p))
+      return out.fail(st, "--model " + o.model);
+    if (!is_dense_model(model.p))
+      return out.fail(kBadInput, "--model " + o.model + " is an " + pooch_model_family(model.p) +
+                                     " model: evaluate it on bag-of-words data (--data DIR)");
+    return run_dense_eval(model.p, o.model, o.data.dir, o.targets, o.batch, o.device, out);
+  }
   Data data;
   if (int rc = load_data(o.data, DataUse::eval, data, out)) return rc;
   ModelHandle model;
@@ -65,6 +76,10 @@ Command add_eval(CLI::App& app) {
   c->add_option("--propensity", o->propensity,
                 "PSP@k propensity parameters A,B (default: by the data set's name)")
       ->type_name("A,B");
+  c->add_option("--targets", o->targets,
+                "Dense models: the targets of --data X.npy (floats or integer class ids)")
+      ->type_name("Y.npy")
+      ->group("Dense data");
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_eval(*o)); }};

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "model_info.h"
 
 namespace cli {
 
@@ -15,6 +16,7 @@ namespace {
 struct InfoOpts {
   std::string path;
   bool no_ops = false;
+  bool no_plan = false;
   Output output{"info"};
 };
 
@@ -82,6 +84,7 @@ void table(const std::vector<std::vector<std::string>>& rows, const std::vector<
 void print_spec(const Json& spec) {
   std::printf("\nmodel spec\n");
   std::vector<std::vector<std::string>> rows;
+  if (spec.contains("family")) rows.push_back({"family", str(spec["family"])});
   if (spec.contains("input") && spec["input"].is_object())
     rows.push_back({"input", str(spec["input"].value("kind", Json("sparse"))) + ", " +
                                  str(spec["input"].value("width", Json(0))) + " features"});
@@ -100,6 +103,7 @@ void print_spec(const Json& spec) {
       rows.push_back({i == 0 ? "layers" : "", std::to_string(i) + ": " + d});
     }
   }
+  if (spec.contains("outputs")) rows.push_back({"outputs", str(spec["outputs"])});
   for (const char* k : {"loss", "batch", "max_nnz", "topk", "seed"})
     if (spec.contains(k)) rows.push_back({k, str(spec[k])});
   table(rows, {});
@@ -117,6 +121,50 @@ std::string join(const Json& a) {
   if (!a.is_array()) return s;
   for (const auto& x : a) s += (s.empty() ? "" : ", ") + str(x);
   return s;
+}
+
+// The model as a program sees it (model_info.h): family, parameters, the
+// named inputs and outputs, the arena plan.
+void print_summary(const Json& m) {
+  if (m.contains("error")) {
+    std::printf("\nmodel: cannot load it: %s\n", str(m["error"]).c_str());
+    return;
+  }
+  std::printf("\nmodel: %s, %s parameters", str(m["family"]).c_str(), str(m["parameters"]).c_str());
+  if (m.value("fixed_parameters", 0) > 0)
+    std::printf(" (and %s fixed)", str(m["fixed_parameters"]).c_str());
+  std::printf("\n");
+  for (const char* kind : {"inputs", "outputs"}) {
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& t : m.value(kind, Json::array())) {
+      std::string shape = "[";
+      const Json dims = t.value("shape", Json::array());
+      for (size_t i = 0; i < dims.size(); ++i)
+        shape +=
+            (i ? "×" : "") + (dims[i].get<int64_t>() < 0 ? std::string("batch") : str(dims[i]));
+      shape += "]";
+      const int64_t batch = t.value("max_rows", int64_t{0});
+      rows.push_back({str(t["name"]), str(t["dtype"]), shape,
+                      batch > 0 ? "batch " + std::to_string(batch) : "",
+                      format_bytes(t.value("bytes", 0.0))});
+    }
+    std::printf("  %s\n", kind);
+    table(rows, {false, false, false, false, true}, "    ");
+  }
+  if (m.contains("memory")) {
+    const Json& r = m["memory"];
+    std::printf(
+        "  plan of a training step on the %s backend: arena %s (inputs %s, weights %s, "
+        "activations %s, gradients %s, optimizer %s)\n",
+        str(r["backend"]).c_str(), format_bytes(r.value("arena_bytes", 0.0)).c_str(),
+        format_bytes(r.value("input_bytes", 0.0)).c_str(),
+        format_bytes(r.value("weight_bytes", 0.0)).c_str(),
+        format_bytes(r.value("activation_bytes", 0.0)).c_str(),
+        format_bytes(r.value("gradient_bytes", 0.0)).c_str(),
+        format_bytes(r.value("optimizer_bytes", 0.0)).c_str());
+  } else if (m.contains("memory_error")) {
+    std::printf("  plan: not available: %s\n", str(m["memory_error"]).c_str());
+  }
 }
 
 int run_info(InfoOpts& o) {
@@ -159,6 +207,8 @@ int run_info(InfoOpts& o) {
   }
   table(mrows, {});
   if (spec.is_object()) print_spec(spec);
+  Json summary = summarize_model(o.path, tensors, !o.no_plan);
+  print_summary(summary);
 
   // Graph.
   std::map<std::string, int> op_counts;
@@ -217,6 +267,7 @@ int run_info(InfoOpts& o) {
     std::printf("  in the graph, not stored: %s\n", u.c_str());
   }
 
+  out.result()["model"] = std::move(summary);
   out.result()["file"] = std::move(doc);
   return kOk;
 }
@@ -229,6 +280,8 @@ Command add_info(CLI::App& app) {
       "info", "Show everything in a .pooch file: metadata, spec, graph ops, tensor table");
   c->add_option("file", o->path, "Model or checkpoint")->type_name("FILE.pooch")->required();
   c->add_flag("--no-ops", o->no_ops, "Leave out the list of graph ops");
+  c->add_flag("--no-plan", o->no_plan,
+              "Leave out the arena plan (it creates a CPU session, whose arena takes host memory)");
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_info(*o)); }};
 }

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "data_args.h"
+#include "dense.h"
 #include "training.h"
 
 namespace cli {
@@ -20,6 +21,7 @@ struct PredictOpts {
   std::string model;
   std::string input;
   std::string input_labels;
+  std::string data;  // dense models: X.npy
   int k = 5;
   CLI::Option* k_option = nullptr;  // to tell a given --k from the default
   std::string out;
@@ -67,6 +69,13 @@ int run_predict(PredictOpts& o) {
   ModelHandle model;
   if (pooch_status st = pooch_model_load(o.model.c_str(), &model.p))
     return out.fail(st, "--model " + o.model);
+  if (is_dense_model(model.p))
+    return run_dense_predict(model.p, o.model, o.data.empty() ? o.input : o.data, o.out, o.batch,
+                             o.device, out);
+  if (!o.data.empty())
+    return out.fail(kUsage, "--data: " + o.model + " is an " + pooch_model_family(model.p) +
+                                " model; give the rows to predict with --input FILE");
+  if (o.input.empty()) return out.fail(kUsage, "--input: the rows to predict are required");
   DatasetHandle ds;
   // Nothing but predictions on stdout: the input is loaded without a progress line.
   if (pooch_status st =
@@ -170,8 +179,10 @@ Command add_predict(CLI::App& app) {
   c->add_option("--input", o->input,
                 "Rows to predict: a bag-of-words file (labels, if any, are ignored), or split "
                 "features with --input-labels")
-      ->type_name("FILE")
-      ->required();
+      ->type_name("FILE");
+  c->add_option("--data", o->data,
+                "Dense models: the rows to predict (X.npy); --out writes the predictions as .npy")
+      ->type_name("X.npy");
   c->add_option("--input-labels", o->input_labels, "Labels file of split-form --input")
       ->type_name("FILE");
   o->k_option =

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "dense.h"
 #include "training.h"
 
 namespace cli {
@@ -15,11 +16,19 @@ struct TrainOpts {
   ModelFlags model;
   TrainFlags train;
   DeviceFlags device;
+  DenseTrainFlags dense;
+  const CLI::App* app = nullptr;
   Output output{"train"};
 };
 
 int run_train(TrainOpts& o) {
   Output& out = o.output;
+  if (!o.dense.targets.empty())
+    return run_dense_train(o.data.dir, o.dense, o.model, o.train, o.device, o.app, out);
+  if (is_npy_path(o.data.dir))
+    return out.fail(kUsage, "--data " + o.data.dir +
+                                ": dense rows train an mlp model; give their targets with "
+                                "--targets Y.npy");
   if (int rc = check_output_paths(
           {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
           out))
@@ -52,8 +61,10 @@ Command add_train(CLI::App& app) {
   add_data_flags(c, o->data, DataUse::train);
   add_model_flags(c, o->model);
   add_train_flags(c, o->train, true);
+  add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
+  o->app = c;
   return {c, [o] { return o->output.finish(run_train(*o)); }};
 }
 

@@ -11,9 +11,11 @@ void add_data_flags(CLI::App* app, DataFlags& f, DataUse use) {
   auto* g = app;
   g->add_option("--data", f.dir,
                 use == DataUse::train
-                    ? "Data directory holding train.txt and test.txt (bag of words)"
-                    : "Data directory holding test.txt (and train.txt, for PSP@k)")
-      ->type_name("DIR")
+                    ? "Data directory holding train.txt and test.txt (bag of words), or dense "
+                      "rows X.npy with --targets"
+                    : "Data directory holding test.txt (and train.txt, for PSP@k), or dense rows "
+                      "X.npy with --targets")
+      ->type_name("DIR|X.npy")
       ->group("Data");
   g->add_option("--train", f.train,
                 use == DataUse::train ? "Training set (bag-of-words file)"

@@ -3,42 +3,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <sstream>
 
 #include "progress.h"
+#include "sigint.h"
 
 namespace cli {
 
 namespace {
-
-std::atomic<bool> g_interrupted{false};
-
-extern "C" void on_sigint(int) {
-  g_interrupted.store(true);
-}
-
-// Installs the Ctrl-C handler for the duration of a run. A second Ctrl-C
-// kills the process (SA_RESETHAND restores the default action).
-class SigintGuard {
- public:
-  SigintGuard() {
-    g_interrupted.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGINT, &sa, &old_);
-  }
-  ~SigintGuard() { sigaction(SIGINT, &old_, nullptr); }
-
- private:
-  struct sigaction old_ {};
-};
 
 struct RunState {
   Progress* progress = nullptr;
@@ -70,7 +45,7 @@ int on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, int6
     j["loss"] = tidy(loss);
     std::fprintf(r->log, "%s\n", j.dump().c_str());
   }
-  if (g_interrupted.load()) return 0;
+  if (sigint_received()) return 0;
   if (r->max_steps > 0 && r->steps >= r->max_steps) {
     r->stopped_by_max = true;
     return 0;

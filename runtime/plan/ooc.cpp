@@ -9,6 +9,7 @@
 
 #include "../core/error.h"
 #include "../core/op_registry.h"
+#include "../../kernels/common/util.h"
 
 namespace pooch {
 
@@ -317,11 +318,11 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
   }
   if (!best.fits)
     throw Error(POOCH_ERR_OUT_OF_BUDGET,
-                fmt::format("the train step needs an arena of at least {} bytes ({:.2f} MiB) under "
-                            "strategy {}, more than the budget of {} bytes ({:.2f} MiB)",
-                            s.smallest, static_cast<double>(s.smallest) / (1 << 20),
-                            strategy_name(strategy), budget,
-                            static_cast<double>(budget) / (1 << 20)));
+                fmt::format("the smallest arena strategy {} reached for the train step is {} bytes "
+                            "({:.2f} MiB), more than the budget of {} bytes ({:.2f} MiB); it needs "
+                            "a budget of at least {} MiB, or a smaller step (a smaller batch size)",
+                            strategy_name(strategy), s.smallest, to_mib(s.smallest), budget,
+                            to_mib(budget), mib_ceil(s.smallest)));
   OocPlan p;
   p.schedule = std::move(best.schedule);
   p.sim = best.sim;

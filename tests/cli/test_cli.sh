@@ -184,6 +184,136 @@ else
   cat cuda.err
 fi
 
+# --- dense models (the mlp family) from .npy ------------------------------------
+# npy FILE DESCR SHAPE DATA_BYTES: a version 1.0 .npy header written here (not
+# by pooch) and DATA_BYTES zero bytes of data.
+npy() {
+  local h="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
+  local pad=$(((64 - (10 + ${#h} + 1) % 64) % 64))
+  h="$h$(printf '%*s' "$pad" '')"
+  local n=$((${#h} + 1))
+  {
+    printf '\223NUMPY\001\000'
+    printf "\\$(printf %03o $((n % 256)))\\$(printf %03o $((n / 256)))"
+    printf '%s\n' "$h"
+    head -c "$4" /dev/zero
+  } > "$1"
+}
+# epoch_field FILE EPOCH N: field N of the line "epoch E/M  loss X  valid loss Y ...".
+epoch_field() { grep -E "^epoch $2/[0-9]+  loss " "$1" | awk -v n="$3" '{ print $n }'; }
+less_than_half() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && b != "" && b < 0.5 * a) }'; }
+
+expect synth-regression 0 "$RUN" synth --kind regression --rows 600 --features 6 --seed 5 --out reg --json
+contains synth-regression-json synth-regression.out '^\{"command":"synth","kind":"regression".*"ok":true'
+# 600 × 6 float32 and 600 × 2 float32 after a 128-byte header.
+[ "$(wc -c < reg/X.npy)" = 14528 ] && [ "$(wc -c < reg/Y.npy)" = 4928 ] && pass synth-regression-files ||
+  fail "synth-regression-files: $(wc -c < reg/X.npy) and $(wc -c < reg/Y.npy) bytes"
+expect synth-classification 0 "$RUN" synth --kind classification --rows 800 --features 4 --outputs 3 --out cls
+contains synth-classification-classes synth-classification.out 'class ids in \[0, 3\)'
+expect synth-wrong-kind-flag 1 "$RUN" synth --kind regression --preset Wiki10-31K --out reg2
+contains synth-wrong-kind-flag-message synth-wrong-kind-flag.err '^pooch-run: --preset: applies to --kind xmc'
+
+# Regression from a spec (input width and outputs from the data); 540
+# training rows in batches of 32 end with a partial batch.
+cat > mlp.json <<'JSON'
+{"family": "mlp", "layers": [{"type": "linear", "width": 32, "activation": "relu"}, {"type": "dense"}],
+ "loss": "mse", "batch": 32}
+JSON
+expect train-mlp 0 "$RUN" train --spec mlp.json --data reg/X.npy --targets reg/Y.npy --epochs 8 --lr 0.01 \
+  --out mlp.pooch --log mlp.jsonl --json "${T[@]}"
+contains train-mlp-split train-mlp.out '^split: 540 rows to train on, 60 held out'
+contains train-mlp-json train-mlp.out '^\{"command":"train".*"family":"mlp".*"valid":\{"rows":60,"loss":.*"ok":true'
+contains train-mlp-log mlp.jsonl '^\{"type":"epoch","epoch":8,'
+if less_than_half "$(epoch_field train-mlp.out 1 4)" "$(epoch_field train-mlp.out 8 4)"; then
+  pass train-mlp-loss-falls
+else
+  fail "train-mlp-loss-falls: $(epoch_field train-mlp.out 1 4) -> $(epoch_field train-mlp.out 8 4)"
+fi
+if less_than_half "$(epoch_field train-mlp.out 1 7)" "$(epoch_field train-mlp.out 8 7)"; then
+  pass train-mlp-valid-loss-falls
+else
+  fail "train-mlp-valid-loss-falls: $(epoch_field train-mlp.out 1 7) -> $(epoch_field train-mlp.out 8 7)"
+fi
+
+# Classification from the model flags (softmax, as the targets are class ids).
+expect train-cls 0 "$RUN" train --data cls/X.npy --targets cls/Y.npy --hidden 32 --batch 50 --epochs 10 \
+  --lr 0.01 --out cls.pooch "${T[@]}"
+acc=$(epoch_field train-cls.out 10 9)
+if awk -v a="${acc%\%}" 'BEGIN { exit !(a != "" && a > 70) }'; then pass "train-cls-accuracy ($acc)"; else
+  fail "train-cls-accuracy: $acc"
+fi
+less_than_half "$(epoch_field train-cls.out 1 4)" "$(epoch_field train-cls.out 10 4)" &&
+  pass train-cls-loss-falls || fail train-cls-loss-falls
+
+expect info-mlp 0 "$RUN" info mlp.pooch --no-ops
+contains info-mlp-family info-mlp.out '^model: mlp, 290 parameters'
+contains info-mlp-input info-mlp.out '^    batch\.x +f32 +\[batch×6\] +batch 32'
+contains info-mlp-target info-mlp.out '^    batch\.y +f32 +\[batch×2\]'
+contains info-mlp-output info-mlp.out '^    prediction +f32 +\[batch×2\]'
+contains info-mlp-plan info-mlp.out '^  plan of a training step on the cpu backend: arena '
+expect info-mlp-json 0 "$RUN" info mlp.pooch --json
+contains info-mlp-json-io info-mlp-json.out '"model":\{"family":"mlp","inputs":\[\{"name":"batch\.x","dtype":"f32","shape":\[-1,6\],"max_rows":32'
+contains info-mlp-json-memory info-mlp-json.out '"memory":\{"backend":"cpu","arena_bytes":[1-9]'
+expect info-xmc-model 0 "$RUN" info m.pooch --no-ops
+contains info-xmc-inputs info-xmc-model.out '^model: xmc, [0-9]+ parameters'
+
+expect eval-mlp 0 "$RUN" eval --model mlp.pooch --data reg/X.npy --targets reg/Y.npy --json "${T[@]}"
+contains eval-mlp-json eval-mlp.out '"metrics":\{"rows":600,"loss":[0-9]'
+expect eval-cls 0 "$RUN" eval --model cls.pooch --data cls/X.npy --targets cls/Y.npy "${T[@]}"
+contains eval-cls-accuracy eval-cls.out '^800 rows in .*accuracy [0-9.]+%'
+expect predict-mlp 0 "$RUN" predict --model mlp.pooch --data reg/X.npy --out P.npy "${T[@]}"
+[ "$(wc -c < P.npy)" = 4928 ] && pass predict-mlp-size || fail "predict-mlp-size: $(wc -c < P.npy) bytes"
+[ "$(head -c 6 P.npy | od -An -c | tr -d ' ')" = '223NUMPY' ] && pass predict-mlp-magic || fail predict-mlp-magic
+# An array written here, not by pooch: zeros, 10 rows of 6 float32.
+npy zeros.npy '<f4' '(10, 6)' 240
+expect predict-mlp-stdout 0 "$RUN" predict --model mlp.pooch --data zeros.npy "${T[@]}"
+[ "$(awk 'NF == 2' predict-mlp-stdout.out | wc -l)" = 10 ] && pass predict-mlp-stdout-rows ||
+  fail predict-mlp-stdout-rows
+# float64 rows and int64 class ids (NumPy's defaults) are read too.
+npy zeros8.npy '<f8' '(10, 4)' 320
+npy ids8.npy '<i8' '(10,)' 80
+expect eval-f8-i8 0 "$RUN" eval --model cls.pooch --data zeros8.npy --targets ids8.npy "${T[@]}"
+contains eval-f8-i8-rows eval-f8-i8.out '^10 rows in .*accuracy'
+expect train-mlp-stopped 0 "$RUN" train --spec mlp.json --data reg/X.npy --targets reg/Y.npy --max-steps 3 \
+  --out stopped.pooch "${T[@]}"
+[ -s stopped.pooch ] && pass train-mlp-stopped-model || fail train-mlp-stopped-model
+
+# Malformed and mismatched dense data: exit 2 naming the file.
+npy short.npy '<f4' '(10, 6)' 8
+expect npy-truncated 2 "$RUN" train --data short.npy --targets reg/Y.npy --out x.pooch "${T[@]}"
+contains npy-truncated-message npy-truncated.err '^pooch-run: --data: short\.npy: truncated: the shape \(10, 6\) of float32 needs 240 bytes'
+npy big.npy '>f4' '(10, 6)' 240
+expect npy-big-endian 2 "$RUN" predict --model mlp.pooch --data big.npy "${T[@]}"
+contains npy-big-endian-message npy-big-endian.err 'big\.npy: the data is big-endian'
+printf 'not an array' > text.npy
+expect npy-not-npy 2 "$RUN" train --data reg/X.npy --targets text.npy --out x.pooch "${T[@]}"
+contains npy-not-npy-message npy-not-npy.err '^pooch-run: --targets: text\.npy: not a NumPy \.npy file'
+expect npy-rows 2 "$RUN" train --data reg/X.npy --targets cls/Y.npy --out x.pooch "${T[@]}"
+contains npy-rows-message npy-rows.err 'cls/Y\.npy has 800 rows, but reg/X\.npy has 600'
+expect mlp-width 2 "$RUN" predict --model mlp.pooch --data cls/X.npy "${T[@]}"
+contains mlp-width-message mlp-width.err 'cls/X\.npy has 4 features, but mlp\.pooch takes 6'
+expect mlp-no-targets 1 "$RUN" train --data reg/X.npy --out x.pooch "${T[@]}"
+contains mlp-no-targets-message mlp-no-targets.err '--targets Y\.npy'
+expect mlp-xmc-flag 1 "$RUN" train --data reg/X.npy --targets reg/Y.npy --warmup-steps 10 --out x.pooch "${T[@]}"
+[ ! -e x.pooch ] && pass dense-errors-no-model || fail dense-errors-no-model
+expect mlp-budget 3 "$RUN" train --data reg/X.npy --targets reg/Y.npy --device-memory 4K --out x.pooch "${T[@]}"
+contains mlp-budget-message mlp-budget.err '^pooch-run: session: '
+
+# Ctrl-C stops a dense run after the step in progress and writes the model so far.
+"$RUN" train --spec mlp.json --data reg/X.npy --targets reg/Y.npy --epochs 1000000 --early-stop 0 \
+  --out mlp-int.pooch "${T[@]}" > mlp-int.out 2> mlp-int.err &
+pid=$!
+for _ in $(seq 1 600); do
+  grep -q '^epoch 2/' mlp-int.out 2> /dev/null && break
+  sleep 0.1
+done
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc = 130 ] && pass "mlp-sigint (exit $rc)" || { fail "mlp-sigint: exit $rc, wanted 130"; tail -3 mlp-int.err; }
+contains mlp-sigint-message mlp-int.out '^interrupted at step [0-9]+'
+[ -s mlp-int.pooch ] && pass mlp-sigint-model || fail mlp-sigint-model
+
 # --- interrupting and resuming ------------------------------------------------------
 # Uninterrupted reference run, then the same run stopped after 7 steps (as
 # Ctrl-C stops it) and resumed from its checkpoint: the models must be equal.

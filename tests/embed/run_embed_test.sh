@@ -2,7 +2,8 @@
 # The embedding test: installs the build into a temporary DESTDIR, builds
 # apps/examples/embed.c against the INSTALLED library through pkg-config
 # (as a user of the library would), makes a tiny model with the installed
-# pooch-run, and checks embed's predictions.
+# pooch-run, and checks embed's predictions; then builds and runs
+# apps/examples/mlp.c (tensor-level calls: a dense model trained in C).
 # Usage: run_embed_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 
@@ -110,4 +111,17 @@ if "$TMP/embed" no-such.pooch data/test.txt > /dev/null 2> err.txt; then
   exit 1
 fi
 grep -q "no-such.pooch" err.txt || { echo "FAIL: no message naming the missing model"; exit 1; }
+
+echo "== $CC -std=c11 mlp.c"
+# shellcheck disable=SC2086
+"$CC" -std=c11 -Wall -Wextra -Werror -pedantic "$SRC/apps/examples/mlp.c" $FLAGS -lm -o "$TMP/mlp"
+echo "== mlp 12"
+"$TMP/mlp" 12 | tee mlp.out || { echo "FAIL: mlp exited with an error"; exit 1; }
+# Its inputs and outputs, one line per epoch, a loss that halved at least.
+for want in '^family mlp$' '^input batch\.x: f32 \[batch\(32\), 4\], 512 bytes$' \
+  '^input batch\.y: f32 \[batch\(32\), 2\]' '^output prediction: f32 \[batch\(32\), 2\]' \
+  '^output loss: f32 \[\]' '^row 2: predicted ' ': ok$'; do
+  grep -Eq -- "$want" mlp.out || { echo "FAIL: no line matching '$want' in mlp's output"; exit 1; }
+done
+[ "$(grep -c '^epoch [0-9]* loss [0-9.]*$' mlp.out)" = 12 ] || { echo "FAIL: wanted 12 epoch lines"; exit 1; }
 echo "embed test passed"

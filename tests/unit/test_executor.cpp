@@ -110,6 +110,7 @@ TEST(Executor, BudgetBelowThePlanIsAnErrorNamingTheMinimum) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.device_memory = need - 1;
+  cfg.strategy = Strategy::keep;  // in core only: no swapping or recomputing to fit
   try {
     XmcSession s(build_xmc_model(small_spec()), cfg);
     FAIL() << "expected an out-of-budget error";
@@ -119,6 +120,16 @@ TEST(Executor, BudgetBelowThePlanIsAnErrorNamingTheMinimum) {
   }
   cfg.device_memory = need;
   EXPECT_NO_THROW(XmcSession(build_xmc_model(small_spec()), cfg));
+  // Out of core, a budget below anything a plan reaches names the smallest.
+  cfg.strategy = Strategy::automatic;
+  cfg.device_memory = 4096;
+  try {
+    XmcSession s(build_xmc_model(small_spec()), cfg);
+    FAIL() << "expected an out-of-budget error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
+    EXPECT_NE(std::string(e.what()).find("a budget of at least"), std::string::npos) << e.what();
+  }
 }
 
 // The whole chain (graph, autodiff, arena, kernels, executor) against finite

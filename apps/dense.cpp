@@ -1,0 +1,634 @@
+// train, eval and predict for dense models, over the tensor-level C API.
+#include "dense.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "npy.h"
+#include "progress.h"
+#include "sigint.h"
+
+namespace cli {
+
+namespace {
+
+// The mlp family's tensors (docs/CLI.md, "Dense models").
+constexpr const char* kX = "batch.x";
+constexpr const char* kY = "batch.y";
+constexpr const char* kClass = "batch.class";
+constexpr const char* kPrediction = "prediction";
+constexpr const char* kLoss = "loss";
+
+// Where a model's dense inputs and outputs are. The names point into the
+// model: valid until it is freed or changed (pooch_model_set_run_shape).
+struct DenseIo {
+  bool x = false, y = false, cls = false, prediction = false, loss = false;
+  int64_t rows = 0;     // planned rows per run (batch.x's batch dimension)
+  int64_t width = 0;    // batch.x's row width
+  int64_t outputs = 0;  // prediction's row width
+  size_t prediction_bytes = 0;
+};
+
+int64_t row_elements(const pooch_tensor_info& t) {
+  int64_t n = 1;
+  for (int d = 1; d < t.rank; ++d) n *= t.shape[d];
+  return n;
+}
+
+DenseIo dense_io(const pooch_model* m) {
+  DenseIo io;
+  pooch_tensor_info t;
+  for (int i = 0; i < pooch_model_input_count(m); ++i) {
+    if (pooch_model_input_info(m, i, &t) != POOCH_OK) continue;
+    const std::string name = t.name;
+    if (name == kX && t.dtype == POOCH_DTYPE_F32 && t.max_rows > 0) {
+      io.x = true;
+      io.rows = t.max_rows;
+      io.width = row_elements(t);
+    } else if (name == kY && t.dtype == POOCH_DTYPE_F32) {
+      io.y = true;
+    } else if (name == kClass && t.dtype == POOCH_DTYPE_I32) {
+      io.cls = true;
+    }
+  }
+  for (int i = 0; i < pooch_model_output_count(m); ++i) {
+    if (pooch_model_output_info(m, i, &t) != POOCH_OK) continue;
+    const std::string name = t.name;
+    if (name == kPrediction && t.dtype == POOCH_DTYPE_F32 && t.max_rows > 0) {
+      io.prediction = true;
+      io.outputs = row_elements(t);
+      io.prediction_bytes = t.bytes;
+    } else if (name == kLoss) {
+      io.loss = true;
+    }
+  }
+  return io;
+}
+
+// Exit 2 unless X is as wide as the model's batch.x.
+int check_width(const DenseIo& io, const DenseData& d, const std::string& model_name, Output& out) {
+  if (d.width == io.width) return kOk;
+  return out.fail(kBadInput, "data: " + d.x_path + " has " + std::to_string(d.width) +
+                                 " features, but " + model_name + " takes " +
+                                 std::to_string(io.width));
+}
+
+// Exit 2 unless Y fits the model: float targets as wide as its outputs for
+// a regression model, class ids below its outputs for a classifier.
+int check_targets(const DenseIo& io, const DenseData& d, const std::string& model_name,
+                  Output& out) {
+  if (d.classes && !io.cls)
+    return out.fail(kBadInput, "--targets: " + d.y_path + " holds class ids, but " + model_name +
+                                   " is a regression model (it takes float targets; a " +
+                                   "classifier has \"loss\": \"softmax\")");
+  if (!d.classes && !io.y)
+    return out.fail(kBadInput, "--targets: " + d.y_path + " holds float targets, but " +
+                                   model_name + " is a classifier (it takes integer class ids)");
+  if (!d.classes && d.outputs != io.outputs)
+    return out.fail(kBadInput, "--targets: " + d.y_path + " has " + std::to_string(d.outputs) +
+                                   " outputs per row, but " + model_name + " predicts " +
+                                   std::to_string(io.outputs));
+  if (d.classes && d.outputs > io.outputs) {
+    const auto at =
+        std::find_if(d.cls.begin(), d.cls.end(), [&](int32_t c) { return c >= io.outputs; }) -
+        d.cls.begin();
+    return out.fail(kBadInput, "--targets: " + d.y_path + ": row " + std::to_string(at) +
+                                   " holds the class id " + std::to_string(d.cls[size_t(at)]) +
+                                   ", but " + model_name + " has " + std::to_string(io.outputs) +
+                                   " classes");
+  }
+  return kOk;
+}
+
+// Runs batches of rows of a dense data set through a session.
+class Batches {
+ public:
+  Batches(pooch_session* s, const DenseData& d, const DenseIo& io)
+      : s_(s), d_(d), io_(io), x_(static_cast<size_t>(io.rows * io.width)) {
+    if (d.has_y && d.classes)
+      c_.resize(static_cast<size_t>(io.rows));
+    else if (d.has_y)
+      y_.resize(static_cast<size_t>(io.rows * d.outputs));
+    if (io.prediction) p_.resize(io.prediction_bytes / sizeof(float));
+  }
+
+  // Sets the inputs to rows idx[0..n) (n <= the planned rows), with their
+  // targets when `targets`. Returns the status of the first failing call.
+  pooch_status stage(const int64_t* idx, int64_t n, bool targets) {
+    const auto w = static_cast<size_t>(io_.width);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(x_.data() + static_cast<size_t>(i) * w,
+                  d_.x.data() + static_cast<size_t>(idx[i]) * w, w * sizeof(float));
+    if (pooch_status st =
+            pooch_session_set_input(s_, kX, x_.data(), static_cast<size_t>(n) * w * sizeof(float)))
+      return st;
+    if (!targets) return POOCH_OK;
+    if (d_.classes) {
+      for (int64_t i = 0; i < n; ++i)
+        c_[static_cast<size_t>(i)] = d_.cls[static_cast<size_t>(idx[i])];
+      return pooch_session_set_input(s_, kClass, c_.data(),
+                                     static_cast<size_t>(n) * sizeof(int32_t));
+    }
+    const auto o = static_cast<size_t>(d_.outputs);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(y_.data() + static_cast<size_t>(i) * o,
+                  d_.y.data() + static_cast<size_t>(idx[i]) * o, o * sizeof(float));
+    return pooch_session_set_input(s_, kY, y_.data(), static_cast<size_t>(n) * o * sizeof(float));
+  }
+
+  // Runs `program` on the staged rows; *loss gets the batch's mean loss.
+  pooch_status run(pooch_program program, float* loss) {
+    if (pooch_status st = pooch_session_run(s_, program)) return st;
+    return pooch_session_get_output(s_, kLoss, loss, sizeof *loss);
+  }
+
+  // The prediction of the last run (all the planned rows).
+  pooch_status prediction(const float** p) {
+    *p = p_.data();
+    return pooch_session_get_output(s_, kPrediction, p_.data(), p_.size() * sizeof(float));
+  }
+
+ private:
+  pooch_session* s_;
+  const DenseData& d_;
+  const DenseIo& io_;
+  std::vector<float> x_, y_, p_;
+  std::vector<int32_t> c_;
+};
+
+struct EvalResult {
+  int64_t rows = 0;
+  double loss = 0;      // mean over rows
+  double accuracy = 0;  // classification: the fraction of rows whose best score is their class
+};
+
+Json eval_json(const EvalResult& e, bool classes) {
+  Json j;
+  j["rows"] = e.rows;
+  j["loss"] = e.loss;
+  if (classes) j["accuracy"] = e.accuracy;
+  return j;
+}
+
+std::string eval_str(const EvalResult& e, bool classes) {
+  char buf[96];
+  if (classes)
+    std::snprintf(buf, sizeof buf, "loss %.5f  accuracy %.2f%%", e.loss, 100 * e.accuracy);
+  else
+    std::snprintf(buf, sizeof buf, "loss %.5f", e.loss);
+  return buf;
+}
+
+// The mean loss (and accuracy) over rows idx[0..n) with POOCH_PROGRAM_EVALUATE.
+pooch_status evaluate(Batches& b, const DenseData& d, const DenseIo& io,
+                      const std::vector<int64_t>& idx, EvalResult* r) {
+  double loss_sum = 0;
+  int64_t right = 0;
+  const auto n = static_cast<int64_t>(idx.size());
+  for (int64_t first = 0; first < n; first += io.rows) {
+    const int64_t rows = std::min(io.rows, n - first);
+    float loss = 0;
+    if (pooch_status st = b.stage(idx.data() + first, rows, true)) return st;
+    if (pooch_status st = b.run(POOCH_PROGRAM_EVALUATE, &loss)) return st;
+    loss_sum += static_cast<double>(loss) * static_cast<double>(rows);
+    if (d.classes) {
+      const float* p = nullptr;
+      if (pooch_status st = b.prediction(&p)) return st;
+      const auto o = static_cast<size_t>(io.outputs);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* row = p + static_cast<size_t>(i) * o;
+        const auto best = std::max_element(row, row + o) - row;
+        right += best == d.cls[static_cast<size_t>(idx[static_cast<size_t>(first + i)])];
+      }
+    }
+  }
+  r->rows = n;
+  r->loss = n ? loss_sum / static_cast<double>(n) : 0;
+  r->accuracy = n ? static_cast<double>(right) / static_cast<double>(n) : 0;
+  return POOCH_OK;
+}
+
+bool read_text(const std::string& path, std::string* text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *text = ss.str();
+  return true;
+}
+
+// Fisher-Yates over a standard engine: the same order on every platform
+// (std::shuffle's algorithm is the library's own).
+void shuffle(std::vector<int64_t>& v, std::mt19937_64& gen) {
+  for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[gen() % i]);
+}
+
+// The model of a dense training run: --spec (family, input, outputs and loss
+// filled in from the data when the file leaves them out) or the model flags
+// (linear(hidden, relu) [-> linear(bottleneck, relu)] [-> dropout] -> dense).
+int make_dense_model(const ModelFlags& mf, const TrainFlags& tf, const DenseData& d,
+                     ModelHandle& model, Output& out) {
+  std::string text, source;
+  const char* loss = d.classes ? "softmax" : "mse";
+  if (!mf.spec.empty()) {
+    source = mf.spec;
+    if (!read_text(mf.spec, &text))
+      return out.fail(kBadInput, "--spec: cannot read '" + mf.spec + "'");
+    Json j = Json::parse(text, nullptr, false);
+    if (j.is_object()) {  // else the library reports what is wrong with it
+      if (!j.contains("family")) j["family"] = "mlp";
+      if (j["family"] != "mlp")
+        return out.fail(kBadInput, "--spec: " + mf.spec + " is a " + j["family"].dump() +
+                                       " model; dense data (--targets) trains an mlp model " +
+                                       "(\"family\": \"mlp\")");
+      if (!j.contains("input")) j["input"] = Json::object();
+      if (j["input"].is_object()) {
+        if (!j["input"].contains("kind")) j["input"]["kind"] = "dense";
+        if (!j["input"].contains("width")) j["input"]["width"] = d.width;
+      }
+      if (!j.contains("outputs")) j["outputs"] = d.outputs;
+      if (!j.contains("loss")) j["loss"] = loss;
+      if (tf.batch > 0) j["batch"] = tf.batch;
+      if (tf.seed_option && tf.seed_option->count() > 0) j["seed"] = tf.seed;
+      text = j.dump();
+    }
+  } else {
+    source = "model flags";
+    Json layers = Json::array();
+    layers.push_back({{"type", "linear"}, {"width", mf.hidden}, {"activation", "relu"}});
+    if (mf.bottleneck > 0)
+      layers.push_back({{"type", "linear"}, {"width", mf.bottleneck}, {"activation", "relu"}});
+    if (mf.dropout > 0) layers.push_back({{"type", "dropout"}, {"p", mf.dropout}});
+    layers.push_back({{"type", "dense"}});
+    Json j;
+    j["family"] = "mlp";
+    j["input"] = {{"kind", "dense"}, {"width", d.width}};
+    j["outputs"] = d.outputs;
+    j["layers"] = layers;
+    j["loss"] = loss;
+    j["batch"] = tf.batch > 0 ? tf.batch : 64;
+    j["seed"] = tf.seed;
+    text = j.dump();
+  }
+  if (pooch_status st = pooch_model_create_from_spec(text.c_str(), source.c_str(), &model.p))
+    return out.fail(st, "model");
+  return kOk;
+}
+
+// Exit 1 for a flag of XMC training given with dense data.
+int refuse_xmc_flags(const CLI::App* app, Output& out) {
+  if (!app) return kOk;
+  for (const char* flag :
+       {"--train", "--test", "--train-features", "--train-labels", "--test-features",
+        "--test-labels", "--fan-in", "--loss", "--warmup-steps", "--plateau-patience",
+        "--plateau-factor", "--propensity", "--checkpoint", "--resume"}) {
+    const CLI::Option* o = app->get_option_no_throw(flag);
+    if (!o || o->count() == 0) continue;
+    std::string why = "applies to XMC models, not to dense data (--data X.npy --targets Y.npy)";
+    if (std::strcmp(flag, "--loss") == 0)
+      why =
+          "a dense model's loss follows the targets (mse for floats, softmax for class ids); "
+          "a --spec may set it";
+    else if (std::strcmp(flag, "--checkpoint") == 0 || std::strcmp(flag, "--resume") == 0)
+      why =
+          "dense models are trained without checkpoints (an interrupted run writes the model "
+          "so far to --out)";
+    return out.fail(kUsage, std::string(flag) + ": " + why);
+  }
+  return kOk;
+}
+
+Json data_json(const DenseData& d) {
+  Json j;
+  j["path"] = d.x_path;
+  j["rows"] = d.rows;
+  j["features"] = d.width;
+  if (d.has_y) {
+    j["targets"] = d.y_path;
+    j[d.classes ? "classes" : "outputs"] = d.outputs;
+  }
+  return j;
+}
+
+}  // namespace
+
+void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f) {
+  app->add_option("--targets", f.targets,
+                  "Targets of the dense rows of --data X.npy: floats [rows, outputs] (mse) or "
+                  "integer class ids [rows] (softmax); trains an mlp model")
+      ->type_name("Y.npy")
+      ->group("Dense data");
+  app->add_option("--valid-fraction", f.valid_fraction,
+                  "Dense data: the fraction of rows held out and evaluated after each epoch")
+      ->check(CLI::Range(0.0, 0.9))
+      ->capture_default_str()
+      ->group("Dense data");
+}
+
+bool is_npy_path(const std::string& path) {
+  return path.size() > 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
+}
+
+bool is_dense_model(const pooch_model* model) {
+  return std::strcmp(pooch_model_family(model), "xmc") != 0 && dense_io(model).x;
+}
+
+int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const ModelFlags& mf,
+                    const TrainFlags& tf, const DeviceFlags& dev, const CLI::App* app,
+                    Output& out) {
+  Json& res = out.result();
+  if (int rc = refuse_xmc_flags(app, out)) return rc;
+  if (x_path.empty()) return out.fail(kUsage, "--targets: give the features with --data X.npy");
+  if (int rc = check_output_paths({{"--out", tf.out}, {"--log", tf.log}}, out)) return rc;
+  DenseData d;
+  if (int rc = load_dense(x_path, "--data", df.targets, "--targets", false, d, out)) return rc;
+  res["train"] = data_json(d);
+
+  ModelHandle model;
+  if (int rc = make_dense_model(mf, tf, d, model, out)) return rc;
+  const DenseIo io = dense_io(model.p);
+  const std::string name = "the model";
+  if (!io.x || !io.prediction || !io.loss)
+    return out.fail(kBadInput, std::string("model: a ") + pooch_model_family(model.p) +
+                                   " model without batch.x, prediction and loss cannot train "
+                                   "on dense rows");
+  if (int rc = check_width(io, d, name, out)) return rc;
+  if (int rc = check_targets(io, d, name, out)) return rc;
+
+  // The held-out rows: a seeded draw, the same for the same --seed.
+  std::mt19937_64 gen(tf.seed);
+  std::vector<int64_t> order(static_cast<size_t>(d.rows));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  shuffle(order, gen);
+  int64_t n_valid = 0;
+  if (df.valid_fraction > 0)
+    n_valid = std::max<int64_t>(1, std::llround(df.valid_fraction * static_cast<double>(d.rows)));
+  if (n_valid >= d.rows)
+    return out.fail(kUsage, "--valid-fraction " + std::to_string(df.valid_fraction) + ": holding " +
+                                std::to_string(n_valid) + " of " + std::to_string(d.rows) +
+                                " rows out leaves none to train on");
+  std::vector<int64_t> valid(order.begin(), order.begin() + n_valid);
+  std::vector<int64_t> train(order.begin() + n_valid, order.end());
+  std::sort(valid.begin(), valid.end());
+  std::printf("split: %lld rows to train on, %lld held out (--valid-fraction %g)\n",
+              static_cast<long long>(train.size()), static_cast<long long>(valid.size()),
+              df.valid_fraction);
+  res["valid"] = {{"rows", n_valid}, {"fraction", df.valid_fraction}};
+
+  pooch_session_params sp;
+  pooch_session_default_params(&sp);
+  std::string err;
+  if (!apply_device_flags(dev, &sp, &err)) return out.fail(kUsage, err);
+  sp.optimizer = tf.optimizer == "adamw" ? POOCH_OPT_ADAMW
+                 : tf.optimizer == "sgd" ? POOCH_OPT_SGD
+                                         : POOCH_OPT_ADAM;
+  sp.learning_rate = tf.lr;
+  sp.weight_decay = tf.weight_decay;
+  sp.resume = 0;
+
+  FILE* log = nullptr;
+  if (!tf.log.empty()) {
+    log = std::fopen(tf.log.c_str(), "w");
+    if (!log) return out.fail(kBadInput, "--log: cannot open '" + tf.log + "' for writing");
+  }
+  struct LogCloser {
+    FILE* f;
+    ~LogCloser() {
+      if (f) std::fclose(f);
+    }
+  } closer{log};
+
+  SessionHandle s;
+  if (pooch_status st = pooch_session_create(model.p, &sp, &s.p)) return out.fail(st, "session");
+  print_memory(s.p, out);
+  if (const char* spec = pooch_model_spec_json(model.p))
+    res["model_spec"] = Json::parse(spec, nullptr, false);
+
+  Batches batches(s.p, d, io);
+  Progress progress(isatty(STDOUT_FILENO) != 0, tf.epochs);
+  const int64_t per_epoch = (static_cast<int64_t>(train.size()) + io.rows - 1) / io.rows;
+  Json epochs = Json::array();
+  int64_t steps = 0;
+  double best = INFINITY;
+  int since_best = 0;
+  bool stopped = false, by_signal = false;
+  int last_epoch = 0;
+  int64_t last_batch = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    SigintGuard guard;
+    for (int epoch = 1; epoch <= tf.epochs && !stopped; ++epoch) {
+      const auto te = std::chrono::steady_clock::now();
+      shuffle(train, gen);
+      double sum = 0;
+      int64_t seen = 0, batch = 0;
+      for (size_t first = 0; first < train.size(); first += static_cast<size_t>(io.rows)) {
+        const int64_t rows = std::min<int64_t>(io.rows, static_cast<int64_t>(train.size() - first));
+        float loss = 0;
+        if (pooch_status st = batches.stage(train.data() + first, rows, true))
+          return out.fail(st, "setting the inputs");
+        if (pooch_status st = batches.run(POOCH_PROGRAM_TRAIN_STEP, &loss))
+          return out.fail(st, "training");
+        ++steps;
+        ++batch;
+        sum += static_cast<double>(loss) * static_cast<double>(rows);
+        seen += rows;
+        progress.step(steps, loss, epoch, batch, per_epoch);
+        if (log) {
+          Json j;
+          j["type"] = "step";
+          j["step"] = steps;
+          j["epoch"] = epoch;
+          j["batch"] = batch;
+          j["batches"] = per_epoch;
+          j["loss"] = tidy(loss);
+          std::fprintf(log, "%s\n", j.dump().c_str());
+        }
+        last_epoch = epoch;
+        last_batch = batch;
+        by_signal = sigint_received();
+        if (by_signal || (tf.max_steps > 0 && steps >= tf.max_steps)) {
+          stopped = true;
+          break;
+        }
+      }
+      if (stopped) break;
+      const double train_loss = sum / static_cast<double>(std::max<int64_t>(1, seen));
+      EvalResult ev;
+      if (!valid.empty())
+        if (pooch_status st = evaluate(batches, d, io, valid, &ev))
+          return out.fail(st, "evaluating the held-out rows");
+      const double score = valid.empty() ? train_loss : ev.loss;
+      const bool improved = score < best;
+      if (improved) {
+        best = score;
+        since_best = 0;
+      } else {
+        ++since_best;
+      }
+      const bool stopping = tf.early_stop > 0 && since_best >= tf.early_stop && epoch < tf.epochs;
+      const double secs = seconds_since(te);
+      progress.clear();
+      const std::string valid_str = valid.empty() ? "" : "  valid " + eval_str(ev, d.classes);
+      const std::string stop_str =
+          stopping ? "  (stopping: no improvement in " + std::to_string(tf.early_stop) + " epochs)"
+                   : "";
+      std::printf("epoch %d/%d  loss %.5f%s  %.1f s  lr %g%s\n", epoch, tf.epochs, train_loss,
+                  valid_str.c_str(), secs, static_cast<double>(tf.lr), stop_str.c_str());
+      std::fflush(stdout);
+      Json j;
+      j["epoch"] = epoch;
+      j["loss"] = train_loss;
+      j["seconds"] = secs;
+      j["lr"] = tidy(tf.lr);
+      j["improved"] = improved;
+      j["stopping"] = stopping;
+      j["valid"] = valid.empty() ? Json() : eval_json(ev, d.classes);
+      epochs.push_back(j);
+      if (log) {
+        Json l;
+        l["type"] = "epoch";
+        for (auto& [k, v] : j.items()) l[k] = v;
+        std::fprintf(log, "%s\n", l.dump().c_str());
+        std::fflush(log);
+      }
+      if (stopping) break;
+    }
+  }
+  progress.clear();
+  const double secs = seconds_since(t0);
+  res["epochs"] = epochs;
+  res["steps"] = steps;
+  res["seconds"] = secs;
+  if (!epochs.empty() && !epochs.back()["valid"].is_null()) res["final"] = epochs.back()["valid"];
+  res["interrupted"] = stopped;
+  if (stopped)
+    std::printf("%s at step %lld (epoch %d, batch %lld of %lld) after %.1f s\n",
+                by_signal ? "interrupted" : "stopped (--max-steps)", static_cast<long long>(steps),
+                last_epoch, static_cast<long long>(last_batch), static_cast<long long>(per_epoch),
+                secs);
+  else
+    std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(steps), secs);
+  if (pooch_status st = pooch_session_save(s.p, tf.out.c_str()))
+    return out.fail(st, "saving " + tf.out);
+  std::printf(
+      "model written to %s%s\n", tf.out.c_str(),
+      stopped ? " (as trained so far; dense models have no checkpoint to resume from)" : "");
+  res["out"] = tf.out;
+  return by_signal ? kInterrupted : kOk;
+}
+
+int run_dense_eval(pooch_model* model, const std::string& model_path, const std::string& x_path,
+                   const std::string& y_path, int64_t batch, const DeviceFlags& dev, Output& out) {
+  if (x_path.empty() || y_path.empty())
+    return out.fail(kUsage, model_path + " is a dense model: evaluate it with --data X.npy " +
+                                "--targets Y.npy");
+  DenseData d;
+  if (int rc = load_dense(x_path, "--data", y_path, "--targets", false, d, out)) return rc;
+  out.result()["model"] = model_path;
+  out.result()["test"] = data_json(d);
+  if (batch > 0)
+    if (pooch_status st = pooch_model_set_run_shape(model, batch, 0, 0))
+      return out.fail(st, "--batch");
+  const DenseIo io = dense_io(model);
+  if (int rc = check_width(io, d, model_path, out)) return rc;
+  if (int rc = check_targets(io, d, model_path, out)) return rc;
+  SessionHandle s;
+  if (int rc = open_session(model, dev, s, out)) return rc;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> all(static_cast<size_t>(d.rows));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  Batches b(s.p, d, io);
+  EvalResult ev;
+  if (pooch_status st = evaluate(b, d, io, all, &ev)) return out.fail(st, "evaluating");
+  const double secs = seconds_since(t0);
+  std::printf("%lld rows in %.2f s: %s\n", static_cast<long long>(ev.rows), secs,
+              eval_str(ev, d.classes).c_str());
+  out.result()["metrics"] = eval_json(ev, d.classes);
+  out.result()["seconds"] = secs;
+  return kOk;
+}
+
+int run_dense_predict(pooch_model* model, const std::string& model_path, const std::string& x_path,
+                      const std::string& out_path, int64_t batch, const DeviceFlags& dev,
+                      Output& out) {
+  if (x_path.empty())
+    return out.fail(kUsage,
+                    model_path + " is a dense model: give its input rows with --data X.npy");
+  DenseData d;
+  // Without --out nothing but predictions goes to stdout.
+  if (int rc = load_dense(x_path, "--data", "", "", out_path.empty(), d, out)) return rc;
+  if (batch > 0)
+    if (pooch_status st = pooch_model_set_run_shape(model, batch, 0, 0))
+      return out.fail(st, "--batch");
+  const DenseIo io = dense_io(model);
+  if (!io.prediction)
+    return out.fail(kBadInput, model_path + ": the model has no output named prediction");
+  if (int rc = check_width(io, d, model_path, out)) return rc;
+  SessionHandle s;
+  if (int rc = open_session(model, dev, s, out)) return rc;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  Batches b(s.p, d, io);
+  const auto o = static_cast<size_t>(io.outputs);
+  std::vector<float> all(static_cast<size_t>(d.rows) * o);
+  std::vector<int64_t> idx(static_cast<size_t>(io.rows));
+  for (int64_t first = 0; first < d.rows; first += io.rows) {
+    const int64_t rows = std::min(io.rows, d.rows - first);
+    for (int64_t i = 0; i < rows; ++i) idx[static_cast<size_t>(i)] = first + i;
+    const float* p = nullptr;
+    if (pooch_status st = b.stage(idx.data(), rows, false))
+      return out.fail(st, "setting the inputs");
+    if (pooch_status st = pooch_session_run(s.p, POOCH_PROGRAM_FORWARD))
+      return out.fail(st, "predicting");
+    if (pooch_status st = b.prediction(&p)) return out.fail(st, "reading the prediction");
+    std::memcpy(all.data() + static_cast<size_t>(first) * o, p,
+                static_cast<size_t>(rows) * o * sizeof(float));
+  }
+  const double secs = seconds_since(t0);
+  Json& res = out.result();
+  res["rows"] = d.rows;
+  res["outputs"] = io.outputs;
+  res["seconds"] = secs;
+  if (!out_path.empty()) {
+    std::string err;
+    if (!write_npy(out_path, NpyType::f32, {d.rows, io.outputs}, all.data(), &err))
+      return out.fail(kBadInput, "--out: " + err);
+    std::printf("predicted %lld rows × %lld outputs in %.2f s into %s\n",
+                static_cast<long long>(d.rows), static_cast<long long>(io.outputs), secs,
+                out_path.c_str());
+    res["out"] = out_path;
+    return kOk;
+  }
+  if (out.json) {
+    Json rows = Json::array();
+    for (int64_t r = 0; r < d.rows; ++r) {
+      Json row = Json::array();
+      for (size_t j = 0; j < o; ++j) row.push_back(tidy(all[static_cast<size_t>(r) * o + j]));
+      rows.push_back(std::move(row));
+    }
+    res["predictions"] = std::move(rows);
+    return kOk;
+  }
+  std::string line;
+  for (int64_t r = 0; r < d.rows; ++r) {
+    line.clear();
+    for (size_t j = 0; j < o; ++j) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.6g", j ? " " : "",
+                    static_cast<double>(all[static_cast<size_t>(r) * o + j]));
+      line += buf;
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  return kOk;
+}
+
+}  // namespace cli
