@@ -192,6 +192,27 @@ void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_
       ->type_name("SIZE")
       ->group("Device")
       ->check(CLI::Validator([](std::string& v) { return device_memory_error(v); }, ""));
+  app->add_option("--strategy", f.strategy,
+                  "How a train step that does not fit --device-memory is made to fit: keep "
+                  "(refuse), swap-all, recompute-all, checkpoint-sqrt, pooch-greedy, auto")
+      ->group("Device")
+      ->transform(one_of({"keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy",
+                          "auto"}))
+      ->capture_default_str();
+  app->add_option("--host-memory", f.host_memory,
+                  "Cap on the host pool (staging and swapped activations); default: none")
+      ->type_name("SIZE")
+      ->group("Device")
+      ->check(CLI::Validator([](std::string& v) { return device_memory_error(v); }, ""));
+  app->add_option("--link-bandwidth", f.link_bandwidth,
+                  "CPU device only: emulate a device link of this many bytes per second (e.g. "
+                  "12G), so copies take the time a PCIe link would")
+      ->type_name("SIZE")
+      ->group("Device")
+      ->check(CLI::Validator([](std::string& v) { return device_memory_error(v); }, ""));
+  app->add_option("--link-latency", f.link_latency, "The emulated link's latency per copy, seconds")
+      ->group("Device")
+      ->check(non_negative());
 }
 
 bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::string* error) {
@@ -208,6 +229,15 @@ bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::stri
     }
     parse_size(f.device_memory, &p->device_memory);
   }
+  static const char* const strategies[] = {"keep", "swap-all", "recompute-all", "checkpoint-sqrt",
+                                           "pooch-greedy", "auto"};
+  for (int i = 0; i < 6; ++i)
+    if (f.strategy == strategies[i]) p->strategy = i;
+  size_t v = 0;
+  if (!f.host_memory.empty() && parse_size(f.host_memory, &v)) p->host_memory = v;
+  if (!f.link_bandwidth.empty() && parse_size(f.link_bandwidth, &v))
+    p->link_bandwidth = static_cast<double>(v);
+  p->link_latency = f.link_latency;
   return true;
 }
 
@@ -336,6 +366,26 @@ void print_memory(const pooch_session* s, Output& out) {
   j["activation_bytes"] = m.by_role[2];
   j["gradient_bytes"] = m.by_role[3];
   j["optimizer_bytes"] = m.by_role[4];
+  j["host_bytes"] = m.host_bytes;
+  j["out_of_core"] = m.out_of_core != 0;
+  if (m.out_of_core) {
+    static const char* const names[] = {"keep", "swap-all", "recompute-all", "checkpoint-sqrt",
+                                        "pooch-greedy", "auto"};
+    const char* strategy = m.strategy >= 0 && m.strategy <= 5 ? names[m.strategy] : "?";
+    std::printf(
+        "out of core: the step needs %s in core; %s swapped to host memory, %s recomputed "
+        "(plan from %s); predicted step %.3g ms (%.3g ms in core)\n",
+        format_bytes(static_cast<double>(m.in_core_bytes)).c_str(),
+        format_bytes(static_cast<double>(m.swapped_bytes)).c_str(),
+        format_bytes(static_cast<double>(m.recomputed_bytes)).c_str(), strategy,
+        m.predicted_step_seconds * 1e3, m.predicted_in_core_seconds * 1e3);
+    j["strategy"] = strategy;
+    j["in_core_bytes"] = m.in_core_bytes;
+    j["swapped_bytes"] = m.swapped_bytes;
+    j["recomputed_bytes"] = m.recomputed_bytes;
+    j["predicted_step_seconds"] = m.predicted_step_seconds;
+    j["predicted_in_core_seconds"] = m.predicted_in_core_seconds;
+  }
   out.result()["memory"] = j;
 }
 

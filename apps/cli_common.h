@@ -62,11 +62,15 @@ class Output {
 bool parse_size(const std::string& text, size_t* bytes);
 std::string format_bytes(double bytes);  // "12.3 MiB"
 
-// --threads, --device, --device-memory.
+// --threads, --device, --device-memory, --strategy, --host-memory, --link-*.
 struct DeviceFlags {
   int threads = 0;
   std::string device = "auto";
   std::string device_memory;
+  std::string strategy = "auto";
+  std::string host_memory;
+  std::string link_bandwidth;
+  double link_latency = 0;
 };
 void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_device = "auto");
 // Fills the device part of session params; false (with the message in

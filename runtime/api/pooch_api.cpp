@@ -241,6 +241,7 @@ void pooch_session_default_params(pooch_session_params* p) {
   p->momentum = 0.9f;
   p->deterministic = 1;
   p->resume = 1;
+  p->strategy = POOCH_STRATEGY_AUTO;
 }
 
 pooch_status pooch_session_create(pooch_model* model, const pooch_session_params* p,
@@ -258,6 +259,13 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     c.device_memory = p->device_memory;
     c.threads = p->threads;
     c.deterministic = p->deterministic != 0;
+    if (p->strategy < POOCH_STRATEGY_KEEP || p->strategy > POOCH_STRATEGY_AUTO)
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("pooch_session_create: unknown strategy {}", p->strategy));
+    c.strategy = static_cast<pooch::Strategy>(p->strategy);
+    c.host_memory = p->host_memory;
+    c.link_bandwidth = p->link_bandwidth;
+    c.link_latency = p->link_latency;
     auto& o = c.optimizer;
     o.kind = p->optimizer == POOCH_OPT_SGD     ? pooch::OptimizerConfig::Kind::sgd
              : p->optimizer == POOCH_OPT_ADAMW ? pooch::OptimizerConfig::Kind::adamw
@@ -329,6 +337,15 @@ pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* o
     for (int r = 0; r < pooch::kNumRoles; ++r) out->by_role[r] = plan.bytes_by_role[r];
     out->budget = s->session().budget();
     out->backend = s->session().backend_name();
+    const pooch::OutOfCoreReport& r = s->session().out_of_core();
+    out->in_core_bytes = r.in_core_arena;
+    out->swapped_bytes = r.swapped_bytes;
+    out->recomputed_bytes = r.recomputed_bytes;
+    out->host_bytes = s->session().host_pool_bytes();
+    out->predicted_step_seconds = r.predicted_seconds;
+    out->predicted_in_core_seconds = r.predicted_in_core;
+    out->out_of_core = r.active ? 1 : 0;
+    out->strategy = static_cast<int>(r.strategy);
   });
 }
 

@@ -10,8 +10,8 @@
 
 namespace pooch {
 
-enum class Strategy {
-  keep,             // in core: everything stays
+enum class Strategy {  // the values are pooch.h's pooch_strategy
+  keep = 0,             // in core: everything stays
   swap_all,         // every saved activation goes to the host pool and back
   recompute_all,    // every saved activation recomputed whose producer reads none (one level)
   checkpoint_sqrt,  // keep every ceil(sqrt(n))-th saved activation, recompute the rest (Chen et al.)

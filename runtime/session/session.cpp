@@ -150,6 +150,14 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       saved += align_up(sa.bytes, align);
     host_bytes = std::max(host_bytes, align_up(layout_.host.peak, align) + saved);
   }
+  if (cfg.host_memory && host_bytes > cfg.host_memory)
+    throw Error(POOCH_ERR_OUT_OF_BUDGET,
+                fmt::format("the host pool needs {} bytes ({:.2f} MiB) for staging{}, more than "
+                            "the host memory cap of {} bytes; it needs a host budget of at least "
+                            "{} MiB",
+                            host_bytes, to_mib(host_bytes),
+                            ooc_.active ? " and swapped activations" : "", cfg.host_memory,
+                            mib_ceil(host_bytes)));
   exec_ = std::make_unique<Executor>(*backend_, arena_bytes, host_bytes);
   for (auto& p : programs_)
     if (p) p->bound = exec_->bind(p->schedule, ctx_.get());

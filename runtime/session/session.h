@@ -32,6 +32,7 @@ struct SessionConfig {
   // When the in-core train step does not fit device_memory: how the planner
   // makes it fit (keep: refuse instead).
   Strategy strategy = Strategy::automatic;
+  size_t host_memory = 0;  // cap on the host pool (staging and swap slots); 0: none
   // The CPU backend's emulated device link (0: memcpy speed), and the link the
   // planner assumes before anything is measured (0: a PCIe-like default).
   double link_bandwidth = 0;
@@ -112,6 +113,7 @@ class Session {
   const char* backend_name() const { return backend_->name(); }
   Backend& backend() const { return *backend_; }
   size_t budget() const { return budget_; }
+  size_t host_pool_bytes() const { return exec_->host_bytes(); }
   // The arena the session took and what it holds (the persistent region
   // plus the largest program's buffers), by role.
   const ArenaPlan& memory_plan() const { return memory_; }

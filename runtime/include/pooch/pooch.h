@@ -184,6 +184,18 @@ typedef enum pooch_device {
 /* Called after each step; return 0 to cancel the running call. */
 typedef int (*pooch_progress_fn)(void* user, int64_t step, float loss);
 
+/* How a train step that does not fit device_memory is made to fit: each
+ * activation saved for the backward pass is kept, swapped to host memory and
+ * prefetched back, or recomputed (docs/PLANNER.md). */
+typedef enum pooch_strategy {
+  POOCH_STRATEGY_KEEP = 0,            /* in core only: a step that does not fit is an error */
+  POOCH_STRATEGY_SWAP_ALL = 1,
+  POOCH_STRATEGY_RECOMPUTE_ALL = 2,
+  POOCH_STRATEGY_CHECKPOINT_SQRT = 3,
+  POOCH_STRATEGY_POOCH_GREEDY = 4,    /* PoocH's own search */
+  POOCH_STRATEGY_AUTO = 5             /* the default: the fastest plan the simulator finds */
+} pooch_strategy;
+
 typedef struct pooch_session_params {
   pooch_device device;      /* default AUTO */
   size_t device_memory;     /* device budget in bytes; 0: all the device offers */
@@ -199,7 +211,12 @@ typedef struct pooch_session_params {
                                checkpoint's optimizer settings win over the ones above. */
   pooch_progress_fn progress;
   void* progress_user;
-  uint8_t reserved[64]; /* zero: room for new fields (see the top of this file) */
+  int strategy;             /* a pooch_strategy (default AUTO; 0, KEEP, when zeroed by hand) */
+  int reserved_int;
+  size_t host_memory;       /* cap on the host pool (staging and swapped activations); 0: none */
+  double link_bandwidth;    /* CPU device only: an emulated device link, bytes/s (0: none) */
+  double link_latency;      /* its latency per copy, seconds */
+  uint8_t reserved[32]; /* zero: room for new fields (see the top of this file) */
 } pooch_session_params;
 
 POOCH_API void pooch_session_default_params(pooch_session_params* p);
@@ -255,7 +272,15 @@ typedef struct pooch_memory_report {
   size_t by_role[5];      /* input, weight, activation, gradient, optimizer state */
   size_t budget;          /* the budget it was planned against */
   const char* backend;    /* "cpu" or "cuda" */
-  uint8_t reserved[64];   /* zeroed by the library: room for new fields */
+  size_t in_core_bytes;   /* the arena the train step needs in core */
+  size_t swapped_bytes;   /* activations the train step swaps to host memory and back */
+  size_t recomputed_bytes;/* activations it recomputes in the backward pass */
+  size_t host_bytes;      /* the host pool it took */
+  double predicted_step_seconds;    /* the simulator's step time for the plan */
+  double predicted_in_core_seconds; /* the same for the step in core */
+  int out_of_core;        /* 1 when the step swaps or recomputes to fit the budget */
+  int strategy;           /* the pooch_strategy the plan came from */
+  uint8_t reserved[8];    /* zeroed by the library: room for new fields */
 } pooch_memory_report;
 
 POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out);
