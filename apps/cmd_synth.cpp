@@ -63,9 +63,10 @@ Command add_synth(CLI::App& app) {
                 "EURLex-4K, Wiki10-31K, AmazonCat-13K, Wiki-500K, Amazon-670K or Amazon-3M")
       ->capture_default_str();
   c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
-      ->check(positive())
+      ->check(in_range(0, kMaxScale, false, true))
       ->capture_default_str();
   c->add_option("--seed", o->seed, "Seed (the same seed gives the same bytes)")
+      ->check(seed_range())
       ->capture_default_str();
   c->add_option("--out", o->out, "Directory for train.txt and test.txt")
       ->type_name("DIR")

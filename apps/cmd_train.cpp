@@ -24,6 +24,8 @@ int run_train(TrainOpts& o) {
           {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
           out))
     return rc;
+  float psp_a = 0, psp_b = 0;  // checked before the data is loaded; set again for the run
+  if (int rc = propensity(o.train, "", &psp_a, &psp_b, out)) return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   ModelHandle model;

@@ -20,6 +20,7 @@
 #include "../kernels/common/kernel_abi.h"
 #include "../runtime/core/error.h"
 #include "../runtime/core/op_registry.h"
+#include "file_check.h"
 #include "xmc_io.h"
 
 namespace pooch {
@@ -1100,26 +1101,12 @@ PoochFile read_pooch_file(const std::string& path, const ReadOptions& opts) {
   f.storage_ = std::make_unique<PoochFile::Storage>();
   PoochFile::Storage& st = *f.storage_;
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    throw Error(POOCH_ERR_IO, fmt::format("cannot open '{}': {}; check the path and its "
-                                          "permissions",
-                                          path, xmc_io::errno_text(err)));
-  }
+  struct stat sb {};
+  const int fd = file_check::open_regular(path, "a .pooch file", &sb);
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
   } closer{fd};
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) {
-    const int err = errno;
-    throw Error(POOCH_ERR_IO,
-                fmt::format("cannot read '{}': fstat failed: {}", path, xmc_io::errno_text(err)));
-  }
-  if (!S_ISREG(sb.st_mode))
-    throw Error(POOCH_ERR_IO,
-                fmt::format("'{}' is not a regular file; give the path of a .pooch file", path));
   st.size = static_cast<size_t>(sb.st_size);
 
   if (opts.use_mmap && st.size > 0) {

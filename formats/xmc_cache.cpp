@@ -99,7 +99,7 @@ std::optional<std::vector<uint64_t>> array_bytes(const CacheHeader& h) {
 std::optional<XmcDataset> read_cache(const std::string& path, Kind kind,
                                      const std::vector<xmc_io::FileId>& ids, std::string& note) {
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  f.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block
   if (f.fd < 0) {
     if (errno != ENOENT)
       note = fmt::format("cache '{}' not read: {}", path, xmc_io::errno_text(errno));
@@ -261,7 +261,7 @@ XmcDataset load_xmc_split(const std::string& features_path, const std::string& l
   Kind kind = Kind::SplitText;
   {
     Fd f;
-    f.fd = ::open(features_path.c_str(), O_RDONLY | O_CLOEXEC);
+    f.fd = ::open(features_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st {};
     char magic[6];
     // Only a regular file is sniffed: reading a pipe here would eat its

@@ -12,7 +12,9 @@
 #include <cerrno>
 #include <cstring>
 #include <system_error>
+#include <vector>
 
+#include "formats/file_check.h"
 #include "runtime/core/error.h"
 
 namespace pooch::xmc_io {
@@ -54,36 +56,23 @@ std::string errno_text(int err) {
 }
 
 MappedFile::MappedFile(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) io_fail("open", path, errno, "check the path and its permissions");
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) io_fail("stat", path, errno, "check the path and its permissions");
-  if (S_ISDIR(st.st_mode))
-    throw Error(
-        POOCH_ERR_IO,
-        fmt::format("cannot read '{}': it is a directory; give the path of a data file", path));
-  if (S_ISREG(st.st_mode)) {
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ == 0) return;  // mmap of length 0 fails; an empty view says it all
-    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-    if (map_ != MAP_FAILED) {
-      ::madvise(map_, size_, MADV_SEQUENTIAL);
-      data_ = static_cast<const char*>(map_);
-      return;
-    }
-    map_ = nullptr;  // a file system without mmap: fall through to read()
+  Fd f;
+  f.fd = file_check::open_regular(path, "a data file", &st);
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ == 0) return;  // mmap of length 0 fails; an empty view says it all
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  if (map_ != MAP_FAILED) {
+    ::madvise(map_, size_, MADV_SEQUENTIAL);
+    data_ = static_cast<const char*>(map_);
+    return;
   }
-  char chunk[1 << 16];
-  for (;;) {
-    const ssize_t got = ::read(f.fd, chunk, sizeof chunk);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) io_fail("read", path, errno, "check that the file is readable");
-    if (got == 0) break;
-    buf_.append(chunk, static_cast<size_t>(got));
-  }
+  map_ = nullptr;  // a file system without mmap: read the size announced, no more
+  buf_.resize(size_);
+  if (!pread_full(f.fd, buf_.data(), size_, 0))
+    io_fail("read", path, errno ? errno : EIO,
+            "check that the file is readable and that nothing else is changing it");
   data_ = buf_.data();
-  size_ = buf_.size();
 }
 
 MappedFile::~MappedFile() {
@@ -91,14 +80,11 @@ MappedFile::~MappedFile() {
 }
 
 FileId file_id(const std::string& path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) io_fail("open", path, errno, "check the path and its permissions");
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) io_fail("stat", path, errno, "check the path and its permissions");
+  Fd f;
+  f.fd = file_check::open_regular(path, "a data file", &st);
   FileId id;
-  id.regular = S_ISREG(st.st_mode);
-  if (!id.regular) return id;
+  id.regular = true;
   id.size = static_cast<uint64_t>(st.st_size);
   id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   // Hashing the two ends catches a rewrite that keeps size and mtime (a copy
@@ -119,6 +105,14 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   // processes) of one target apart; O_EXCL never reuses a name another
   // writer holds, e.g. one left by a crashed process whose pid came back.
   static std::atomic<uint64_t> counter{0};
+  // Temporaries of writers killed mid-write would otherwise stay for ever.
+  const std::vector<std::string> stale = file_check::remove_stale_temporaries(path_);
+  if (!stale.empty())
+    file_check::note(
+        fmt::format("removed {} temporary file{} of '{}' left by a process that no "
+                    "longer exists ({}{})",
+                    stale.size(), stale.size() == 1 ? "" : "s", path_, stale[0],
+                    stale.size() == 1 ? "" : ", ..."));
   for (int attempt = 0;; ++attempt) {
     tmp_ = fmt::format("{}.tmp-{}-{}", path_, static_cast<long>(::getpid()), counter++);
     // Mode 0666 lets the umask decide permissions, as for any new file.

@@ -95,5 +95,58 @@ TEST(FanInWiring, FanInEqualToTheWidthIsFast) {
     for (int64_t k = 0; k < K; ++k) ASSERT_EQ(v[static_cast<size_t>(r * K + k)], k);
 }
 
+// The message of the error spec_from_json throws for `text` ("" if none).
+std::string spec_error(const std::string& text) {
+  try {
+    spec_from_json(text, "m.json");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+std::string with(const std::string& fields, const std::string& layers = "") {
+  return R"({"input": {"width": 100}, "labels": 50, "layers": [)" +
+         (layers.empty() ? std::string(R"({"type": "linear", "width": 8}, {"type": "dense"})")
+                         : layers) +
+         "]" + fields + "}";
+}
+
+TEST(SpecLimits, FieldsOutOfRangeNameTheFieldAndTheLargestValue) {
+  EXPECT_EQ(spec_error(with("")), "");
+  EXPECT_NE(spec_error(with(R"(, "batch": 4294967297)"))
+                .find("m.json: batch is 4294967297; it must be from 1 to 33554431"),
+            std::string::npos);
+  // With explicit budgets the batch may be as large as an i32 count.
+  EXPECT_EQ(spec_error(with(R"(, "batch": 100000000, "max_nnz": 1000, "max_labels": 1000)")), "");
+  EXPECT_NE(spec_error(with(R"(, "topk": 4294967297)")).find("topk is 4294967297"),
+            std::string::npos);
+  EXPECT_NE(spec_error(with(R"(, "seed": -1)")).find("seed is -1"), std::string::npos);
+  EXPECT_NE(spec_error(with(R"(, "max_nnz": 2147483648)")).find("max_nnz is 2147483648"),
+            std::string::npos);
+  EXPECT_NE(spec_error(with("", R"({"type": "linear", "width": 1099511627776}, {"type": "dense"})"))
+                .find("layers[0].width is 1099511627776; it must be from 1 to 2147483647"),
+            std::string::npos);
+  const std::string wide =
+      R"({"input": {"width": 100}, "labels": 2147483647, "layers": [{"type": "linear", "width": 70000}, {"type": "ffi", "fan_in": 65536}]})";
+  EXPECT_NE(spec_error(wide).find("fan_in can be at most 1"), std::string::npos);
+}
+
+TEST(SpecLimits, ARepeatedKeyIsAnError) {
+  EXPECT_NE(spec_error(with(R"(, "loss": "bce", "loss": "softmax")"))
+                .find("the key \"loss\" appears twice"),
+            std::string::npos);
+  EXPECT_NE(spec_error(with("", R"({"type": "linear", "width": 8, "width": 9}, {"type": "dense"})"))
+                .find("the key \"width\" appears twice"),
+            std::string::npos);
+  // The same key in two different objects is fine.
+  EXPECT_EQ(
+      spec_error(with(
+          "",
+          R"({"type": "linear", "width": 8}, {"type": "linear", "width": 9}, {"type": "dense"})")),
+      "");
+}
+
 }  // namespace
 }  // namespace pooch
