@@ -40,7 +40,8 @@ int run_train(TrainOpts& o) {
                                      o.train.resume + ")");
     std::printf("resuming from %s\n", o.train.resume.c_str());
     out.result()["resumed_from"] = o.train.resume;
-  } else if (int rc = make_model(o.model, o.train, data.train.p, data.test.p, model, out)) {
+  } else if (int rc = make_model(o.model, o.train, data.train.p, data.test.p, model, out,
+                                 data.train_source)) {
     return rc;
   }
   return run_training(model.p, resume, data, o.train, o.device, true, out);

@@ -322,7 +322,8 @@ int fit_max_labels(pooch_model* m, std::initializer_list<const pooch_dataset*> s
 }  // namespace
 
 int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* train,
-               const pooch_dataset* test, ModelHandle& model, Output& out) {
+               const pooch_dataset* test, ModelHandle& model, Output& out,
+               const std::string& data_source) {
   const Shape a = shape_of(train), b = shape_of(test);
   const int64_t features = std::max(a.features, b.features);
   const int64_t labels = std::max(a.labels, b.labels);
@@ -351,7 +352,7 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
       text = j.dump();
     }
   } else {
-    source = "model flags (input width and labels from the data)";
+    source = "model flags (input width and labels from " + data_source + ")";
     Json j;
     j["input"] = {{"kind", dense ? "dense" : "sparse"}, {"width", features}};
     j["labels"] = labels;

@@ -229,7 +229,7 @@ spec_case spec-dup-layer '{"layers": [{"type": "linear", "width": 8, "width": 9}
 # Data headers past the limits are bad input naming the file and the field.
 printf '1 10 2147483647\n0 1:1\n' > big-labels.txt
 expect data-labels 2 "$RUN" train --train big-labels.txt --out r.pooch "${T[@]}"
-contains data-labels-message data-labels.err 'labels from the data.*2147483647 labels x 32 inputs.*fan_in can be at most 1$'
+contains data-labels-message data-labels.err 'labels from big-labels\.txt\).*2147483647 labels x 32 inputs.*fan_in can be at most 1$'
 
 # What is not a regular file is refused before it is opened for reading (a
 # FIFO would block open() for ever, /dev/zero fill the memory), naming it.
