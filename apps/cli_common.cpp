@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -180,7 +181,7 @@ void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_
   f.device = default_device;
   app->add_option("--threads", f.threads, "CPU threads (0: all cores)")
       ->group("Device")
-      ->check(non_negative())
+      ->check(in_range(0, kMaxThreads, true))
       ->capture_default_str();
   app->add_option("--device", f.device, "Where to run: cpu, cuda or auto (CUDA when present)")
       ->group("Device")
@@ -268,27 +269,45 @@ int check_output_paths(std::initializer_list<OutputPath> paths, Output& out) {
 }
 
 namespace {
-// Checks a number flag's text: > 0, or >= 0 with `zero_ok`.
-CLI::Validator number_check(bool zero_ok) {
+
+bool g_range_error = false;
+
+// "1e+30" and "0.001" as a person would write them in a range.
+std::string show(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.15g", x);
+  return buf;
+}
+
+}  // namespace
+
+CLI::Validator in_range(double lo, double hi, bool integer, bool lo_open) {
+  const std::string range = integer   ? "an integer from " + show(lo) + " to " + show(hi)
+                            : lo_open ? "a number above " + show(lo) + " and at most " + show(hi)
+                                      : "a number from " + show(lo) + " to " + show(hi);
   return CLI::Validator(
-      [zero_ok](std::string& v) -> std::string {
+      [=](std::string& v) -> std::string {
         double x = 0;
         try {
           size_t used = 0;
           x = std::stod(v, &used);
           if (used != v.size()) return "'" + v + "' is not a number";
+        } catch (const std::out_of_range&) {
+          x = v.find('-') == 0 ? -HUGE_VAL : HUGE_VAL;  // beyond double: out of any range
         } catch (...) {
           return "'" + v + "' is not a number";
         }
-        if (x > 0 || (zero_ok && x == 0)) return {};
-        return v + (zero_ok ? " is negative; use 0 or more" : " is not a positive number");
+        const bool ok = std::isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi &&
+                        (!integer || std::floor(x) == x);
+        if (ok) return {};
+        g_range_error = true;
+        return v + " is out of range: use " + range;
       },
-      zero_ok ? "NONNEGATIVE" : "POSITIVE");
+      integer ? "INT" : "NUMBER");
 }
-}  // namespace
 
 CLI::Validator positive() {
-  return number_check(false);
+  return in_range(0, kMaxFlagInt, true, true);
 }
 
 namespace {
@@ -337,7 +356,33 @@ const std::vector<std::string>& synth_preset_names() {
 }
 
 CLI::Validator non_negative() {
-  return number_check(true);
+  return in_range(0, kMaxFlagInt, true);
+}
+
+CLI::Validator seed_range() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        // Any 64-bit unsigned integer, written without a sign.
+        const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+        errno = 0;
+        if (digits) std::strtoull(v.c_str(), nullptr, 10);
+        if (digits && errno == 0) return {};
+        g_range_error = true;
+        return v + " is out of range: use an integer from 0 to 18446744073709551615";
+      },
+      "UINT64");
+}
+
+CLI::Validator batch_range() {
+  return in_range(1, kMaxBatch, true);
+}
+
+CLI::Validator lr_range() {
+  return in_range(0, kMaxLr, false, true);
+}
+
+bool range_error_seen() {
+  return g_range_error;
 }
 
 void add_json_flag(CLI::App* app, Output& out) {

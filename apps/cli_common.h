@@ -79,10 +79,27 @@ bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::stri
 
 void add_json_flag(CLI::App* app, Output& out);
 
-// Number checks whose messages read well ("--batch: 0 is not a positive
-// number"); CLI11's PositiveNumber prints "not in range 0.000000 to 1.8e308".
-CLI::Validator positive();
-CLI::Validator non_negative();
+// Number checks whose messages read well and name the range ("--lr: 1e30 is
+// out of range: use a number above 0 and at most 1000000"); CLI11's
+// PositiveNumber prints "not in range 0.000000 to 1.8e308" and lets NaN
+// through. A value out of its range makes the parse fail with exit 2
+// (range_error_seen()); text that is not a number is a usage error (exit 1).
+// `lo_open`: lo itself is out. Integers: `integer`.
+CLI::Validator in_range(double lo, double hi, bool integer, bool lo_open = false);
+// The integer flags' bound unless a flag has its own: i32 counts.
+constexpr double kMaxFlagInt = 2147483647;
+CLI::Validator positive();      // an integer in [1, kMaxFlagInt]
+CLI::Validator non_negative();  // an integer in [0, kMaxFlagInt]
+CLI::Validator seed_range();    // any uint64, no sign
+// Ranges of flags that several commands share (docs/CLI.md).
+constexpr double kMaxBatch = 33554431;  // (2^31-1)/64: a batch's nonzero budget is i32
+constexpr double kMaxLr = 1e6;
+constexpr double kMaxWeightDecay = 1e6;
+constexpr double kMaxThreads = 1024;
+constexpr double kMaxScale = 100;
+CLI::Validator batch_range();  // an integer in [1, kMaxBatch]
+CLI::Validator lr_range();     // a number in (0, kMaxLr]
+bool range_error_seen();
 
 // A name from `names`, matched without regard to case ("ADAM", "Cpu"), or,
 // with `by_prefix`, also by the start of the one name that begins so

@@ -71,7 +71,7 @@ Command add_demo(CLI::App& app) {
       ->transform(one_of(synth_preset_names(), true))
       ->capture_default_str();
   c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
-      ->check(positive())
+      ->check(in_range(0, kMaxScale, false, true))
       ->capture_default_str();
   c->add_option("--hidden", o->model.hidden, "Hidden width")
       ->check(positive())
@@ -83,15 +83,17 @@ Command add_demo(CLI::App& app) {
       ->transform(one_of({"squared-hinge", "bce", "softmax"}))
       ->capture_default_str();
   c->add_option("--batch", o->train.batch, "Rows per step")
-      ->check(positive())
+      ->check(batch_range())
       ->capture_default_str();
   c->add_option("--epochs", o->train.epochs, "Passes over the data")
       ->check(positive())
       ->capture_default_str();
   c->add_option("--lr", o->train.lr, "Learning rate (Adam)")
-      ->check(positive())
+      ->check(lr_range())
       ->capture_default_str();
-  c->add_option("--seed", o->train.seed, "Data and weight seed")->capture_default_str();
+  c->add_option("--seed", o->train.seed, "Data and weight seed")
+      ->check(seed_range())
+      ->capture_default_str();
   add_device_flags(c, o->device, "cpu");
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_demo(*o)); }};

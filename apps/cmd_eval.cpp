@@ -72,7 +72,7 @@ Command add_eval(CLI::App& app) {
   CLI::App* c = app.add_subcommand("eval", "Print P@k, nDCG@k and PSP@k of a model on a test set");
   c->add_option("--model", o->model, "Model or checkpoint")->type_name("M.pooch")->required();
   add_data_flags(c, o->data, DataUse::eval);
-  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")->check(positive());
+  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")->check(batch_range());
   c->add_option("--propensity", o->propensity,
                 "PSP@k propensity parameters A,B (default: by the data set's name)")
       ->type_name("A,B");

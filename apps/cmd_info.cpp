@@ -269,6 +269,11 @@ int run_info(InfoOpts& o) {
 
   out.result()["model"] = std::move(summary);
   out.result()["file"] = std::move(doc);
+  // predict and eval refuse a model whose spec cannot be read; so does info.
+  if (meta.contains("model.spec") && !spec.is_object())
+    return out.fail(kBadInput, o.path +
+                                   ": the model spec stored in metadata 'model.spec' is not a "
+                                   "JSON object; the file is damaged or was not written by pooch");
   return kOk;
 }
 

@@ -187,10 +187,10 @@ Command add_predict(CLI::App& app) {
       ->type_name("FILE");
   o->k_option =
       c->add_option("--k", o->k, "Labels per row (the default shrinks to the model's labels)")
-          ->check(CLI::Range(1, 1000))
+          ->check(in_range(1, 1000, true))
           ->capture_default_str();
   c->add_option("--out", o->out, "Write the predictions here (default: stdout)")->type_name("FILE");
-  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")->check(positive());
+  c->add_option("--batch", o->batch, "Rows per step (default: the model's)")->check(batch_range());
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_predict(*o)); }};

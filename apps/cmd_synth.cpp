@@ -83,9 +83,10 @@ Command add_synth(CLI::App& app) {
       ->transform(one_of(synth_preset_names(), true))
       ->capture_default_str();
   c->add_option("--scale", o->scale, "Rows and labels relative to the real data set")
-      ->check(positive())
+      ->check(in_range(0, kMaxScale, false, true))
       ->capture_default_str();
   c->add_option("--seed", o->seed, "Seed (the same seed gives the same bytes)")
+      ->check(seed_range())
       ->capture_default_str();
   c->add_option("--kind", o->kind,
                 "xmc: a bag-of-words pair (train.txt, test.txt) shaped by --preset; regression "

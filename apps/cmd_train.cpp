@@ -33,6 +33,8 @@ int run_train(TrainOpts& o) {
           {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
           out))
     return rc;
+  float psp_a = 0, psp_b = 0;  // checked before the data is loaded; set again for the run
+  if (int rc = propensity(o.train, "", &psp_a, &psp_b, out)) return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   ModelHandle model;
@@ -47,7 +49,8 @@ int run_train(TrainOpts& o) {
                                      o.train.resume + ")");
     std::printf("resuming from %s\n", o.train.resume.c_str());
     out.result()["resumed_from"] = o.train.resume;
-  } else if (int rc = make_model(o.model, o.train, data.train.p, data.test.p, model, out)) {
+  } else if (int rc = make_model(o.model, o.train, data.train.p, data.test.p, model, out,
+                                 data.train_source)) {
     return rc;
   }
   return run_training(model.p, resume, data, o.train, o.device, true, out);

@@ -3,10 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <sstream>
+#include <set>
 
 #include "progress.h"
 #include "sigint.h"
@@ -67,13 +70,38 @@ void on_epoch(void* user, const pooch_epoch_report* rep) {
   }
 }
 
-bool read_file(const std::string& path, std::string* text) {
+// At most `limit` bytes: /dev/zero as a spec must not fill the memory.
+bool read_file(const std::string& path, std::string* text, size_t limit = size_t{16} << 20) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *text = ss.str();
+  text->clear();
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text->append(buf, static_cast<size_t>(in.gcount()));
+    if (text->size() > limit) return false;
+  }
   return true;
+}
+
+// The first key that appears twice in one object of `text` ("" if none, or
+// if the text is not JSON: the library says what is wrong with it then).
+std::string repeated_key(const std::string& text) {
+  std::vector<std::set<std::string>> keys;
+  std::string repeated;
+  const Json::parser_callback_t cb = [&](int, Json::parse_event_t ev, Json& parsed) {
+    if (ev == Json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (ev == Json::parse_event_t::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (ev == Json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
+               !keys.back().insert(parsed.get<std::string>()).second && repeated.empty()) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
+  const Json parsed = Json::parse(text, cb, false);  // only the callback matters
+  (void)parsed;
+  return repeated;
 }
 
 std::string resume_command(const std::string& ckpt) {
@@ -100,15 +128,15 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
       ->type_name("FILE")
       ->group("Model");
   app->add_option("--hidden", f.hidden, "Width of the first (linear, relu) layer")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str()
       ->group("Model");
   app->add_option("--bottleneck", f.bottleneck, "Width of a second linear layer (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str()
       ->group("Model");
   app->add_option("--fan-in", f.fan_in, "Inputs per label of the fixed fan-in head (0: dense head)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str()
       ->group("Model");
   app->add_option("--loss", f.loss, "Loss: squared-hinge, bce or softmax")
@@ -116,21 +144,21 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
       ->capture_default_str()
       ->group("Model");
   app->add_option("--dropout", f.dropout, "Dropout after the hidden layers (0: none)")
-      ->check(CLI::Range(0.0, 0.999))
+      ->check(in_range(0, 0.999, false))
       ->capture_default_str()
       ->group("Model");
 }
 
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
   app->add_option("--epochs", f.epochs, "Passes over the training set")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str()
       ->group("Training");
   app->add_option("--batch", f.batch, "Rows per step (default: the spec's or model's; 64)")
-      ->check(CLI::PositiveNumber)
+      ->check(batch_range())
       ->group("Training");
   app->add_option("--lr", f.lr, "Learning rate")
-      ->check(CLI::PositiveNumber)
+      ->check(lr_range())
       ->capture_default_str()
       ->group("Training");
   app->add_option("--optimizer", f.optimizer, "adam, adamw or sgd")
@@ -138,29 +166,30 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->capture_default_str()
       ->group("Training");
   app->add_option("--weight-decay", f.weight_decay, "Weight decay (AdamW: decoupled)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(in_range(0, kMaxWeightDecay, false))
       ->capture_default_str()
       ->group("Training");
   app->add_option("--warmup-steps", f.warmup_steps, "Linear learning-rate warm-up steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str()
       ->group("Training");
   app->add_option("--plateau-patience", f.plateau_patience,
                   "Epochs without improvement before the learning rate is reduced (0: never)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str()
       ->group("Training");
   app->add_option("--plateau-factor", f.plateau_factor, "Factor of each reduction")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(in_range(0, 1, false))
       ->capture_default_str()
       ->group("Training");
   app->add_option("--early-stop", f.early_stop,
                   "Epochs without improvement (test P@3) before stopping (0: never)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str()
       ->group("Training");
   f.seed_option =
       app->add_option("--seed", f.seed, "Seed of the weights, dropout, wiring and data order")
+          ->check(seed_range())
           ->capture_default_str()
           ->group("Training");
   app->add_option("--propensity", f.propensity,
@@ -183,7 +212,7 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->type_name("FILE.jsonl")
       ->group("Output");
   // Stops as Ctrl-C does after this many steps (tests of resuming).
-  app->add_option("--max-steps", f.max_steps)->group("")->check(CLI::NonNegativeNumber);
+  app->add_option("--max-steps", f.max_steps)->group("")->check(non_negative());
 }
 
 SpecShape spec_shape(const pooch_model* m) {
@@ -270,7 +299,8 @@ int fit_max_labels(pooch_model* m, std::initializer_list<const pooch_dataset*> s
 }  // namespace
 
 int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* train,
-               const pooch_dataset* test, ModelHandle& model, Output& out) {
+               const pooch_dataset* test, ModelHandle& model, Output& out,
+               const std::string& data_source) {
   const Shape a = shape_of(train), b = shape_of(test);
   const int64_t features = std::max(a.features, b.features);
   const int64_t labels = std::max(a.labels, b.labels);
@@ -279,7 +309,13 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
   if (!mf.spec.empty()) {
     source = mf.spec;
     if (!read_file(mf.spec, &text))
-      return out.fail(kBadInput, "--spec: cannot read '" + mf.spec + "'");
+      return out.fail(kBadInput, "--spec: cannot read '" + mf.spec +
+                                     "' (or it is larger than 16 MiB, which no spec is)");
+    // The spec is filled in and written out again below, which would keep
+    // only the last of a repeated key: the library refuses those, so look now.
+    if (const std::string key = repeated_key(text); !key.empty())
+      return out.fail(kBadInput, mf.spec + ": the key \"" + key +
+                                     "\" appears twice in one object; give each field once");
     Json j = Json::parse(text, nullptr, false);
     if (j.is_object()) {  // else the library reports what is wrong with it
       if (!j.contains("input")) j["input"] = Json::object();
@@ -293,7 +329,7 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
       text = j.dump();
     }
   } else {
-    source = "model flags";
+    source = "model flags (input width and labels from " + data_source + ")";
     Json j;
     j["input"] = {{"kind", dense ? "dense" : "sparse"}, {"width", features}};
     j["labels"] = labels;
@@ -335,6 +371,11 @@ int propensity(const TrainFlags& f, const std::string& data_name, float* a, floa
     return out.fail(kUsage,
                     "--propensity: '" + f.propensity + "' is not two numbers A,B (e.g. 0.55,1.5)");
   }
+  // Propensity 1 / (1 + C e^{-A log(N + B)}) needs A >= 0 and N + B > 0 for every N >= 0.
+  if (!std::isfinite(*a) || !std::isfinite(*b) || *a < 0 || *a > 1e6 || *b <= -1 || *b > 1e6)
+    return out.fail(kBadInput, "--propensity: '" + f.propensity +
+                                   "' is out of range: use A from 0 to 1000000 and B above -1 "
+                                   "and at most 1000000");
   return kOk;
 }
 

@@ -43,8 +43,10 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output);
 
 // A model from --spec (input width, labels and kind filled in from the data
 // when the file leaves them out) or from the flags. Exit code.
+// `data_source` names the data for messages about sizes taken from it.
 int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* train,
-               const pooch_dataset* test, ModelHandle& model, Output& out);
+               const pooch_dataset* test, ModelHandle& model, Output& out,
+               const std::string& data_source = "the data");
 
 // The spec's input width and labels (from pooch_model_spec_json).
 struct SpecShape {

@@ -13,7 +13,9 @@
 #include <cstring>
 #include <new>
 #include <system_error>
+#include <vector>
 
+#include "formats/file_check.h"
 #include "runtime/core/error.h"
 
 namespace pooch::file_io {
@@ -66,34 +68,25 @@ bool pread_full(int fd, void* dst, size_t n, uint64_t offset) {
 }
 
 MappedFile::MappedFile(const std::string& path, const MapOptions& opts) {
-  // O_NONBLOCK keeps opening a FIFO that will be refused from waiting for a
-  // writer; for a regular file it changes nothing.
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (opts.regular_only ? O_NONBLOCK : 0)));
-  if (f.fd < 0) io_fail("open", path, errno, "check the path and its permissions");
+  // Anything but a regular file whose size the system reports is refused
+  // before a byte is read (file_check): a FIFO never blocks the open, a
+  // device never streams until memory runs out, and every read is bounded
+  // by the size announced.
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) io_fail("stat", path, errno, "check the path and its permissions");
-  if (S_ISDIR(st.st_mode))
-    throw Error(
-        POOCH_ERR_IO,
-        fmt::format("cannot read '{}': it is a directory; give the path of {}", path, opts.what));
-  const bool regular = S_ISREG(st.st_mode);
-  if (!regular && opts.regular_only)
-    throw Error(POOCH_ERR_IO,
-                fmt::format("'{}' is not a regular file; give the path of {}", path, opts.what));
-  if (regular) {
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ == 0) return;  // mmap of length 0 fails; an empty view says it all
-    if (opts.use_mmap) {
-      map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-      if (map_ != MAP_FAILED) {
-        if (opts.sequential) ::madvise(map_, size_, MADV_SEQUENTIAL);
-        data_ = static_cast<const std::byte*>(map_);
-        return;
-      }
-      map_ = nullptr;  // a file system without mmap: fall through to read()
+  Fd f;
+  f.fd = file_check::open_regular(path, opts.what, &st);
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ == 0) return;  // mmap of length 0 fails; an empty view says it all
+  if (opts.use_mmap) {
+    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+    if (map_ != MAP_FAILED) {
+      if (opts.sequential) ::madvise(map_, size_, MADV_SEQUENTIAL);
+      data_ = static_cast<const std::byte*>(map_);
+      return;
     }
+    map_ = nullptr;  // a file system without mmap: fall through to read()
   }
-  read_all(f.fd, path, regular);
+  read_all(f.fd, path);
 }
 
 MappedFile::~MappedFile() {
@@ -119,51 +112,34 @@ void MappedFile::grow(size_t cap, const std::string& path) {
   heap_cap_ = cap;
 }
 
-void MappedFile::read_all(int fd, const std::string& path, bool known_size) {
-  if (known_size) {
-    // A regular file: one buffer of its size, filled by as few calls as the OS allows.
-    const size_t want = size_;
-    size_ = 0;
-    grow(want, path);
-    while (size_ < want) {
-      const ssize_t got =
-          ::pread(fd, heap_ + size_, std::min(want - size_, kMaxIo), static_cast<off_t>(size_));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        const int err = got < 0 ? errno : 0;
-        throw Error(
-            POOCH_ERR_IO,
-            fmt::format("cannot read '{}' at byte {}: {}; check the disk, or whether "
-                        "another program is changing the file",
-                        path, size_, err ? errno_text(err) : "the file shrank while reading"));
-      }
-      size_ += static_cast<size_t>(got);
+void MappedFile::read_all(int fd, const std::string& path) {
+  // A regular file: one buffer of its size, filled by as few calls as the OS allows.
+  const size_t want = size_;
+  size_ = 0;
+  grow(want, path);
+  while (size_ < want) {
+    const ssize_t got =
+        ::pread(fd, heap_ + size_, std::min(want - size_, kMaxIo), static_cast<off_t>(size_));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int err = got < 0 ? errno : 0;
+      throw Error(
+          POOCH_ERR_IO,
+          fmt::format("cannot read '{}' at byte {}: {}; check the disk, or whether "
+                      "another program is changing the file",
+                      path, size_, err ? errno_text(err) : "the file shrank while reading"));
     }
-  } else {
-    // A pipe or a device: read until it ends, doubling the buffer.
-    for (;;) {
-      if (size_ == heap_cap_) grow(std::max<size_t>(heap_cap_ * 2, 1 << 16), path);
-      const ssize_t got = ::read(fd, heap_ + size_, std::min(heap_cap_ - size_, kMaxIo));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0)
-        throw Error(POOCH_ERR_IO, fmt::format("cannot read '{}' at byte {}: {}; check that the "
-                                              "file is readable",
-                                              path, size_, errno_text(errno)));
-      if (got == 0) break;
-      size_ += static_cast<size_t>(got);
-    }
+    size_ += static_cast<size_t>(got);
   }
   data_ = heap_;
 }
 
 FileId file_id(const std::string& path) {
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) io_fail("open", path, errno, "check the path and its permissions");
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) io_fail("stat", path, errno, "check the path and its permissions");
+  Fd f;
+  f.fd = file_check::open_regular(path, "a data file", &st);
   FileId id;
-  id.regular = S_ISREG(st.st_mode);
-  if (!id.regular) return id;
+  id.regular = true;
   id.size = static_cast<uint64_t>(st.st_size);
   id.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   // Hashing the two ends catches a rewrite that keeps size and mtime (a copy
@@ -184,6 +160,14 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   // processes) of one target apart; O_EXCL never reuses a name another
   // writer holds, e.g. one left by a crashed process whose pid came back.
   static std::atomic<uint64_t> counter{0};
+  // Temporaries of writers killed mid-write would otherwise stay for ever.
+  const std::vector<std::string> stale = file_check::remove_stale_temporaries(path_);
+  if (!stale.empty())
+    file_check::note(
+        fmt::format("removed {} temporary file{} of '{}' left by a process that no "
+                    "longer exists ({}{})",
+                    stale.size(), stale.size() == 1 ? "" : "s", path_, stale[0],
+                    stale.size() == 1 ? "" : ", ..."));
   for (int attempt = 0;; ++attempt) {
     tmp_ = fmt::format("{}.tmp-{}-{}", path_, static_cast<long>(::getpid()), counter++);
     // Mode 0666 lets the umask decide permissions, as for any new file.

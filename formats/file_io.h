@@ -33,7 +33,6 @@ bool pread_full(int fd, void* dst, size_t n, uint64_t offset);
 
 struct MapOptions {
   bool use_mmap = true;              // false: read into memory even where mapping works
-  bool regular_only = false;         // refuse pipes and devices too, not only directories
   bool sequential = false;           // the caller reads front to back once (a readahead hint)
   const char* what = "a data file";  // what the path should name, for messages
 };
@@ -55,7 +54,7 @@ class MappedFile {
   bool mapped() const { return map_ != nullptr; }
 
  private:
-  void read_all(int fd, const std::string& path, bool known_size);
+  void read_all(int fd, const std::string& path);
   void grow(size_t cap, const std::string& path);
 
   const std::byte* data_ = nullptr;

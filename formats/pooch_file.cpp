@@ -15,6 +15,7 @@
 #include "../kernels/common/util.h"
 #include "../runtime/core/error.h"
 #include "../runtime/core/op_registry.h"
+#include "file_check.h"
 #include "file_io.h"
 
 namespace pooch {
@@ -1085,7 +1086,6 @@ PoochFile read_pooch_file(const std::string& path, const ReadOptions& opts) {
   f.path_ = path;
   file_io::MapOptions map;
   map.use_mmap = opts.use_mmap;
-  map.regular_only = true;
   map.what = "a .pooch file";
   f.storage_ = std::make_unique<PoochFile::Storage>(path, map);
   const file_io::MappedFile& st = f.storage_->file;

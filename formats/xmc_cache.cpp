@@ -79,7 +79,7 @@ std::optional<std::vector<uint64_t>> array_bytes(const CacheHeader& h) {
 // when a cache file exists but is unusable, says why in `note`.
 std::optional<XmcDataset> read_cache(const std::string& path, Kind kind,
                                      const std::vector<file_io::FileId>& ids, std::string& note) {
-  file_io::Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  file_io::Fd f(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));  // a FIFO must not block
   if (f.fd < 0) {
     if (errno != ENOENT)
       note = fmt::format("cache '{}' not read: {}", path, file_io::errno_text(errno));
@@ -241,7 +241,7 @@ XmcDataset load_xmc_split(const std::string& features_path, const std::string& l
   // a text file of the same name can never be answered from the old cache.
   Kind kind = Kind::SplitText;
   {
-    file_io::Fd f(::open(features_path.c_str(), O_RDONLY | O_CLOEXEC));
+    file_io::Fd f(::open(features_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));  // a FIFO must not block
     struct stat st {};
     char magic[6];
     // Only a regular file is sniffed: reading a pipe here would eat its

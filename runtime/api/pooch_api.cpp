@@ -10,10 +10,13 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
 
+#include "../../formats/file_check.h"
 #include "../../formats/synth.h"
 #include "../../formats/xmc_data.h"
 #include "../../formats/xmc_text.h"
+#include "../backend/cpu/cpu_backend.h"
 #include "../core/error.h"
 #include "../models/build.h"
 #include "../train/model_io.h"
@@ -94,6 +97,12 @@ void log_line(pooch_log_level level, const char* msg) {
     std::fprintf(stderr, "pooch: %s\n", msg);
 }
 
+// The formats layer's one-line notes (stale temporaries removed) go to the log.
+[[maybe_unused]] const bool g_file_notes_logged = [] {
+  pooch::file_check::set_note_sink([](const char* line) { log_line(POOCH_LOG_INFO, line); });
+  return true;
+}();
+
 pooch_status fail(pooch_status st, std::string msg) {
   g_last_error = std::move(msg);
   return st;
@@ -109,7 +118,21 @@ pooch_status guarded(F&& f) {
   } catch (const pooch::Error& e) {
     return fail(e.code(), e.what());
   } catch (const std::bad_alloc&) {
-    return fail(POOCH_ERR_OUT_OF_MEMORY, "out of host memory");
+    return fail(
+        POOCH_ERR_OUT_OF_MEMORY,
+        fmt::format("out of host memory: an allocation was refused; {:.2f} MiB are "
+                    "available to this process",
+                    static_cast<double>(pooch::cpu::host_memory_available()) / (1024.0 * 1024.0)));
+  } catch (const std::system_error& e) {
+    // A thread that could not start (its stack could not be mapped) is memory too.
+    if (e.code() == std::errc::resource_unavailable_try_again ||
+        e.code() == std::errc::not_enough_memory)
+      return fail(
+          POOCH_ERR_OUT_OF_MEMORY,
+          fmt::format(
+              "out of host memory: {}; {:.2f} MiB are available to this process", e.what(),
+              static_cast<double>(pooch::cpu::host_memory_available()) / (1024.0 * 1024.0)));
+    return fail(POOCH_ERR_INTERNAL, std::string("internal error: ") + e.what());
   } catch (const std::exception& e) {
     return fail(POOCH_ERR_INTERNAL, std::string("internal error: ") + e.what());
   } catch (...) {
@@ -290,8 +313,13 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
       const pooch::PoochFile& f = model->file->file;
       pooch::restore_tensors(s->session(), f, resume, model->head_replaced ? "head." : "");
       if (resume) {
-        s->session().set_optimizer_step(f.metadata().get_u64(pooch::meta_keys::kStep));
-        s->state = pooch::get_state(f.metadata());
+        try {
+          s->session().set_optimizer_step(f.metadata().get_u64(pooch::meta_keys::kStep));
+          s->state = pooch::get_state(f.metadata());
+        } catch (const pooch::Error& e) {
+          // The metadata does not know its file; the message must name it.
+          throw pooch::Error(e.code(), fmt::format("{}: {}", f.path(), e.what()));
+        }
       }
     }
     s->progress = p->progress;
@@ -333,6 +361,7 @@ pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* o
   std::memset(out, 0, sizeof(*out));
   return guarded([&] {
     const pooch::ArenaPlan& plan = s->session().memory_plan();
+    std::memset(out, 0, sizeof(*out));
     out->arena_bytes = plan.peak;
     for (int r = 0; r < pooch::kNumRoles; ++r) out->by_role[r] = plan.bytes_by_role[r];
     out->budget = s->session().budget();

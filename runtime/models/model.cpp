@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <unordered_set>
 
 #include "../../kernels/common/philox.h"
 
@@ -39,6 +40,44 @@ Model model_from_graph(Graph g, uint64_t seed) {
   return m;
 }
 
+namespace {
+
+// The inputs already picked for one row of a fan-in index: a bitmap over
+// [0, H) when that costs no more than a few bytes per pick (or 8 MiB), else
+// a hash set. clear() forgets one row's picks in O(K).
+class PickedSet {
+ public:
+  PickedSet(int64_t H, int64_t K) {
+    constexpr int64_t kBitmapBits = int64_t{1} << 26;
+    if (H <= kBitmapBits || H <= 64 * K)
+      bits_.assign(static_cast<size_t>((H + 63) / 64), 0);
+    else
+      set_.reserve(static_cast<size_t>(K));
+  }
+  // False when `v` was there already.
+  bool insert(int32_t v) {
+    if (bits_.empty()) return set_.insert(v).second;
+    uint64_t& word = bits_[static_cast<size_t>(v) / 64];
+    const uint64_t bit = uint64_t{1} << (static_cast<uint32_t>(v) % 64);
+    if (word & bit) return false;
+    word |= bit;
+    return true;
+  }
+  void clear(const std::vector<int32_t>& picked) {
+    if (bits_.empty()) {
+      set_.clear();
+      return;
+    }
+    for (int32_t v : picked) bits_[static_cast<size_t>(v) / 64] = 0;
+  }
+
+ private:
+  std::vector<uint64_t> bits_;
+  std::unordered_set<int32_t> set_;
+};
+
+}  // namespace
+
 std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, uint64_t seed) {
   std::vector<std::byte> out(d.bytes());
   const auto n = static_cast<size_t>(d.numel());
@@ -60,10 +99,14 @@ std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, u
       break;
     }
     case WeightInit::Kind::fan_in_index: {
-      // K distinct inputs per row, by Floyd's sampling: O(K^2) per row
-      // whatever H is (a shuffle of [0, H) per row would cost L*H).
+      // K distinct inputs per row, by Floyd's sampling: K draws per row
+      // whatever H is (a shuffle of [0, H) per row would cost L*H). The
+      // membership test is a bitmap over [0, H) reused across rows (only the
+      // picked bits are cleared), or a hash set when H is much wider than K,
+      // so a row costs O(K) (plus the sort).
       const int64_t rows = d.shape[0], K = d.shape[1], H = static_cast<int64_t>(w.a);
       std::vector<int32_t> pick(static_cast<size_t>(K));
+      PickedSet picked(H, K);
       uint64_t counter = 0;
       for (int64_t r = 0; r < rows; ++r) {
         int64_t n = 0;
@@ -71,10 +114,14 @@ std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, u
           const float u = kern::philox_uniform(seed, 0, key, counter++);
           auto t =
               static_cast<int32_t>(std::min<int64_t>(j, static_cast<int64_t>(u * double(j + 1))));
-          if (std::find(pick.begin(), pick.begin() + n, t) != pick.begin() + n)
+          // j itself is never picked yet: every earlier pick is below it.
+          if (!picked.insert(t)) {
             t = static_cast<int32_t>(j);
+            picked.insert(t);
+          }
           pick[static_cast<size_t>(n++)] = t;
         }
+        picked.clear(pick);
         std::sort(pick.begin(), pick.end());  // ascending: friendlier gathers
         for (int64_t k = 0; k < K; ++k) {
           const size_t at = static_cast<size_t>(r * K + k);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
@@ -105,14 +106,26 @@ void validate_spec(const ModelSpec& s) {
   auto req = [](bool ok, const std::string& what) {
     if (!ok) throw Error(POOCH_ERR_INVALID_ARG, what);
   };
-  req(s.input_width > 0, fmt::format("the input width must be positive, got {}", s.input_width));
-  req(s.labels > 0, fmt::format("labels must be positive, got {}", s.labels));
-  req(s.input_width <= INT32_MAX && s.labels <= INT32_MAX,
-      "the input width and the label count must fit in 32-bit indices");
-  req(s.run.batch > 0, fmt::format("the batch size must be positive, got {}", s.run.batch));
-  req(s.run.max_nnz >= 0, "max_nnz must not be negative");
-  req(s.run.max_labels >= 0, "max_labels must not be negative");
-  req(s.run.topk >= 1, fmt::format("top-k must be at least 1, got {}", s.run.topk));
+  // Indices, offsets and the nonzero and label budgets of a batch are i32.
+  constexpr int64_t kMax = INT32_MAX;
+  auto in_range = [&](const char* field, int64_t v, int64_t lo, int64_t hi, const char* why) {
+    req(v >= lo && v <= hi,
+        fmt::format("{} is {}; it must be from {} to {}{}", field, v, lo, hi, why));
+  };
+  const char* i32 = " (indices are 32-bit)";
+  in_range("input.width", s.input_width, 1, kMax, i32);
+  in_range(s.family == Family::mlp ? "outputs" : "labels", s.labels, 1, kMax, i32);
+  in_range("max_nnz", s.run.max_nnz, 0, kMax, " (a batch's nonzeros are counted in 32 bits)");
+  in_range("max_labels", s.run.max_labels, 0, kMax, " (a batch's labels are counted in 32 bits)");
+  // The default budgets are 64 nonzeros and 32 labels per row.
+  const int64_t per_row = s.run.max_nnz == 0 ? 64 : s.run.max_labels == 0 ? 32 : 1;
+  in_range("batch", s.run.batch, 1, kMax / per_row,
+           per_row == 64   ? " (with max_nnz 0 a batch may hold 64 nonzeros per row, counted in "
+                             "32 bits)"
+           : per_row == 32 ? " (with max_labels 0 a batch may hold 32 labels per row, counted in "
+                             "32 bits)"
+                           : "");
+  in_range("topk", s.run.topk, 1, kMax, "");
   req(!s.layers.empty(), "the model needs at least an output layer");
   if (s.family == Family::mlp) {
     req(s.input == InputKind::dense, "an mlp model takes dense input");
@@ -137,7 +150,7 @@ void validate_spec(const ModelSpec& s) {
           "layers[0]: a sparse input must be followed by a linear layer");
     switch (l.kind) {
       case LayerKind::linear:
-        req(l.width > 0, fmt::format("layers[{}].width must be positive, got {}", i, l.width));
+        in_range(fmt::format("layers[{}].width", i).c_str(), l.width, 1, kMax, i32);
         req(l.activation == "relu" || l.activation == "gelu" || l.activation == "none",
             fmt::format("layers[{}].activation must be relu, gelu or none, got '{}'", i,
                         l.activation));
@@ -155,6 +168,11 @@ void validate_spec(const ModelSpec& s) {
         req(!(i == 0 && s.input == InputKind::sparse),
             "layers[0]: a fixed fan-in head cannot read a sparse input directly; put a linear "
             "layer first");
+        req(l.fan_in <= kMax / s.labels,
+            fmt::format("layers[{}].fan_in is {}: {} labels x {} inputs is more than the 2^31-1 "
+                        "slots a fixed fan-in index may hold; with {} labels fan_in can be at "
+                        "most {}",
+                        i, l.fan_in, s.labels, l.fan_in, s.labels, kMax / s.labels));
         break;
       case LayerKind::dense_head:
         break;
@@ -164,11 +182,30 @@ void validate_spec(const ModelSpec& s) {
 
 ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   json j;
+  // JSON allows a key twice in an object and the parser keeps the last, so
+  // {"loss": "bce", "loss": "softmax"} would pass for a spec that says one
+  // thing: a repeated key is an error, as an unknown one is.
+  std::vector<std::set<std::string>> keys;  // of each object being parsed
+  std::string repeated;
+  const json::parser_callback_t note_keys = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (ev == json::parse_event_t::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (ev == json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
+               !keys.back().insert(parsed.get<std::string>()).second && repeated.empty()) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    j = json::parse(text);
+    j = json::parse(text, note_keys);
   } catch (const json::parse_error& e) {
     bad(src, fmt::format("not valid JSON (byte {}): {}", e.byte, e.what()));
   }
+  if (!repeated.empty())
+    bad(src,
+        fmt::format("the key \"{}\" appears twice in one object; give each field once", repeated));
   if (!j.is_object()) bad(src, "the model spec must be a JSON object");
   ModelSpec s;
   if (!j.contains("input") || !j["input"].is_object()) bad(src, "\"input\" must be an object");
@@ -209,7 +246,12 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   s.run.batch = j.value("batch", s.run.batch);
   s.run.max_nnz = j.value("max_nnz", s.run.max_nnz);
   s.run.max_labels = j.value("max_labels", s.run.max_labels);
-  s.run.topk = j.value("topk", s.run.topk);
+  const int64_t topk = j.value("topk", int64_t{s.run.topk});
+  if (topk < 1 || topk > INT32_MAX)
+    bad(src, fmt::format("topk is {}; it must be from 1 to {}", topk, INT32_MAX));
+  s.run.topk = static_cast<int>(topk);
+  if (j.contains("seed") && !j["seed"].is_number_unsigned())
+    bad(src, fmt::format("seed is {}; it must be from 0 to {}", j["seed"].dump(), UINT64_MAX));
   s.seed = j.value("seed", s.seed);
   if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
   for (size_t i = 0; i < j["layers"].size(); ++i) {

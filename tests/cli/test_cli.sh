@@ -154,10 +154,11 @@ contains truncated-message truncated-model.err 'trunc\.pooch: truncated'
 expect spec-typo 2 "$RUN" train --data data --out x.pooch "${T[@]}" \
   --spec <(echo '{"layers": [{"type": "linaer", "width": 8}, {"type": "ffi", "fan_in": 4}]}')
 contains spec-typo-message spec-typo.err "layers\[0\]\.type 'linaer'"
-expect bad-threads 1 "$RUN" eval --model m.pooch --data data --threads -1
-contains bad-threads-message bad-threads.err '^pooch-run: --threads: -1 is negative'
-expect bad-batch 1 "$RUN" predict --model m.pooch --input data/test.txt --batch 0
-contains bad-batch-message bad-batch.err '^pooch-run: --batch: 0 is not a positive number'
+expect bad-threads 2 "$RUN" eval --model m.pooch --data data --threads -1
+contains bad-threads-message bad-threads.err '^pooch-run: --threads: -1 is out of range: use an integer from 0 to 1024'
+expect bad-batch 2 "$RUN" predict --model m.pooch --input data/test.txt --batch 0
+contains bad-batch-message bad-batch.err '^pooch-run: --batch: 0 is out of range: use an integer from 1 to 33554431'
+expect not-a-number 1 "$RUN" predict --model m.pooch --input data/test.txt --batch many
 expect big-k 1 "$RUN" predict --model m.pooch --input data/test.txt --k 999 --out big-k.txt "${T[@]}"
 contains big-k-message big-k.err 'has only [0-9]+ labels'
 [ ! -e big-k.txt ] && pass big-k-no-output || fail big-k-no-output
@@ -332,6 +333,14 @@ for _ in $(seq 1 600); do
   grep -q '^epoch 1/' int.out 2> /dev/null && break
   sleep 0.1
 done
+# pooch owns its threads: with --threads 1 the process runs its main thread
+# and the backend's three stream threads (compute, copy in, copy out); no
+# OpenBLAS worker pool (OpenBLAS starts one on load, sized by the cores) and
+# no OpenMP team.
+if [ -d "/proc/$pid/task" ]; then
+  n=$(ls "/proc/$pid/task" | wc -l)
+  [ "$n" = 4 ] && pass "threads-1 ($n threads)" || fail "threads-1: $n threads, wanted 4"
+fi
 kill -INT $pid
 wait $pid
 rc=$?
@@ -340,6 +349,107 @@ contains sigint-message int.out '^interrupted at step [0-9]+'
 contains sigint-hint int.out '^resume with: .*--resume int\.pooch\.ckpt'
 [ -s int.pooch.ckpt ] && pass sigint-checkpoint || fail sigint-checkpoint
 expect sigint-resume 0 "$RUN" train --data data --epochs 1 --out int2.pooch --resume int.pooch.ckpt "${T[@]}"
+
+# --- hostile input and limits (issue 12) ----------------------------------------------
+# Every numeric flag is range-checked before any work: exit 2 naming the flag
+# and the range (not an epoch trained and then lost).
+expect range-lr 2 "$RUN" train --data data --lr 1e30 --out r.pooch "${T[@]}"
+contains range-lr-message range-lr.err '^pooch-run: --lr: 1e30 is out of range: use a number above 0 and at most 1000000'
+if grep -q '^epoch' range-lr.out; then fail range-lr-early; else pass range-lr-early; fi
+expect range-dropout 2 "$RUN" train --data data --dropout nan --out r.pooch "${T[@]}"
+contains range-dropout-message range-dropout.err '^pooch-run: --dropout: nan is out of range: use a number from 0 to 0.999'
+expect range-seed 2 "$RUN" train --data data --seed -1 --out r.pooch "${T[@]}"
+contains range-seed-message range-seed.err '^pooch-run: --seed: -1 is out of range: use an integer from 0 to 18446744073709551615'
+expect range-batch 2 "$RUN" train --data data --batch 100000000 --out r.pooch "${T[@]}"
+contains range-batch-message range-batch.err '^pooch-run: --batch: 100000000 is out of range: use an integer from 1 to 33554431'
+expect range-plateau 2 "$RUN" train --data data --plateau-factor inf --out r.pooch "${T[@]}"
+expect range-scale 2 "$RUN" synth --scale 1e300 --out big
+expect range-propensity 2 "$RUN" train --data data --propensity 0.5,-2 --out r.pooch "${T[@]}"
+contains range-propensity-message range-propensity.err '^pooch-run: --propensity: .* out of range'
+if grep -q '^train:' range-propensity.out; then fail range-propensity-early; else pass range-propensity-early; fi
+# ... and so is every numeric spec field, naming it and the largest value allowed.
+spec_case() {  # NAME SPEC-JSON REGEX
+  echo "$2" > "$1.json"
+  expect "$1" 2 "$RUN" train --data data --spec "$1.json" --out r.pooch "${T[@]}"
+  contains "$1-message" "$1.err" "$3"
+}
+spec_case spec-width '{"layers": [{"type": "linear", "width": 1099511627776}, {"type": "ffi", "fan_in": 4}]}' \
+  'layers\[0\]\.width is 1099511627776; it must be from 1 to 2147483647'
+spec_case spec-batch '{"layers": [{"type": "linear", "width": 8}, {"type": "ffi", "fan_in": 4}], "batch": 4294967297}' \
+  'batch is 4294967297; it must be from 1 to 33554431'
+spec_case spec-topk '{"layers": [{"type": "linear", "width": 8}, {"type": "dense"}], "topk": 4294967297}' \
+  'topk is 4294967297; it must be from 1 to 2147483647'
+spec_case spec-seed '{"layers": [{"type": "linear", "width": 8}, {"type": "dense"}], "seed": -1}' \
+  'seed is -1; it must be from 0 to'
+spec_case spec-fan-in '{"labels": 2147483647, "input": {"width": 100}, "layers": [{"type": "linear", "width": 70000}, {"type": "ffi", "fan_in": 65536}]}' \
+  'fan_in is 65536: .*fan_in can be at most 1'
+# A key given twice is an error, as an unknown one is.
+spec_case spec-dup '{"layers": [{"type": "linear", "width": 8}, {"type": "dense"}], "loss": "bce", "loss": "softmax"}' \
+  'the key "loss" appears twice'
+spec_case spec-dup-layer '{"layers": [{"type": "linear", "width": 8, "width": 9}, {"type": "dense"}]}' \
+  'the key "width" appears twice'
+
+# Data headers past the limits are bad input naming the file and the field.
+printf '1 10 2147483647\n0 1:1\n' > big-labels.txt
+expect data-labels 2 "$RUN" train --train big-labels.txt --out r.pooch "${T[@]}"
+contains data-labels-message data-labels.err 'labels from big-labels\.txt\).*2147483647 labels x 32 inputs.*fan_in can be at most 1$'
+
+# What is not a regular file is refused before it is opened for reading (a
+# FIFO would block open() for ever, /dev/zero fill the memory), naming it.
+mkfifo fifo.txt
+expect fifo-train 2 timeout -s KILL 60 "$RUN" train --train fifo.txt --out r.pooch "${T[@]}"
+contains fifo-train-message fifo-train.err "fifo\.txt.*a FIFO"
+expect fifo-info 2 timeout -s KILL 60 "$RUN" info fifo.txt
+contains fifo-info-message fifo-info.err "fifo\.txt.*a FIFO"
+expect dev-zero 2 timeout -s KILL 60 "$RUN" train --train /dev/zero --out r.pooch "${T[@]}"
+contains dev-zero-message dev-zero.err "/dev/zero.*a character device"
+expect dir-train 2 "$RUN" train --train data --out r.pooch "${T[@]}"
+contains dir-train-message dir-train.err "'data'.*a directory"
+if [ -r /proc/self/status ]; then
+  expect proc-file 2 "$RUN" train --train /proc/self/status --out r.pooch "${T[@]}"
+  contains proc-file-message proc-file.err "size the system does not report"
+fi
+
+# (info on a file whose stored spec is not JSON, and a checkpoint without
+# its trainer state: tests/unit/test_cli_files.cpp, which writes such files.)
+
+# A checkpoint write killed half way leaves a temporary file; the next write
+# to the same path removes those of processes that are gone, and says so.
+dead=$(sh -c 'echo $$')  # a process that has ended
+echo partial > "stale.pooch.ckpt.tmp-$dead-0"
+echo live > "stale.pooch.ckpt.tmp-$$-0"
+expect stale 0 "$RUN" train --data data --epochs 1 --out stale.pooch "${T[@]}"
+[ ! -e "stale.pooch.ckpt.tmp-$dead-0" ] && pass stale-removed || fail stale-removed
+[ -e "stale.pooch.ckpt.tmp-$$-0" ] && pass stale-live-kept || fail stale-live-kept
+contains stale-message stale.err "removed 1 temporary file of 'stale\.pooch\.ckpt' left by a process that no longer exists"
+
+# Under an address-space limit a run ends (done, or out of memory: exit 3
+# with a message that honours the limit); it never hangs at exit. --threads 1
+# starts no OpenBLAS worker that could spin there.
+# (AddressSanitizer reserves terabytes of address space: no ulimit -v there.)
+ULIMITS="100000 150000 200000 250000"
+if ldd "$RUN" 2> /dev/null | grep -Eq 'lib(a|t)san'; then
+  ULIMITS=""
+  echo "skip ulimit (a sanitizer build)"
+fi
+for lim in $ULIMITS; do
+  ( ulimit -v $lim && exec timeout -s KILL 120 "$RUN" train --data data --epochs 1 --threads 1 \
+      --device cpu --out "ulimit-$lim.pooch" ) > "ulimit-$lim.out" 2> "ulimit-$lim.err"
+  rc=$?
+  if [ $rc = 0 ]; then
+    pass "ulimit-$lim (exit 0)"
+  elif [ $rc = 3 ] && grep -q 'MiB' "ulimit-$lim.err"; then
+    avail=$(grep -o '[0-9.]* MiB are available' "ulimit-$lim.err" | head -n 1 | cut -d' ' -f1)
+    if [ -z "$avail" ] || awk -v a="$avail" -v l="$lim" 'BEGIN { exit !(a * 1024 <= l) }'; then
+      pass "ulimit-$lim (exit 3: out of memory, with a message)"
+    else
+      fail "ulimit-$lim: $avail MiB said to be available under a limit of $lim KiB"
+    fi
+  else
+    fail "ulimit-$lim: exit $rc (137: it hung and was killed)"
+    tail -3 "ulimit-$lim.err"
+  fi
+done
 
 echo
 if [ $failures -gt 0 ]; then

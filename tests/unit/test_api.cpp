@@ -66,8 +66,15 @@ template <typename T>
 bool reserved_zero(const T& s) {
   for (const uint8_t b : s.reserved)
     if (b != 0) return false;
-  return sizeof(s.reserved) >= 64;
+  return sizeof(s.reserved) >= 8;
 }
+
+// New fields take the place of reserved bytes: the structs keep the size
+// they had in 0.1.0 (x86-64), so programs built then still work.
+static_assert(sizeof(void*) != 8 || sizeof(pooch_session_params) == 136,
+              "pooch_session_params changed size");
+static_assert(sizeof(void*) != 8 || sizeof(pooch_memory_report) == 128,
+              "pooch_memory_report changed size");
 
 TEST(Api, StructsEndInZeroedReservedBytes) {
   pooch_xmc_params x;

@@ -3,12 +3,15 @@
 #include <cblas.h>
 #include <fmt/format.h>
 #include <mimalloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include "../../../kernels/common/util.h"
 #include "../../../kernels/cpu/cpu_kernels.h"
@@ -28,9 +31,25 @@ size_t physical_memory() {
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
 
+// What the process's address-space limit (ulimit -v, RLIMIT_AS) still
+// allows it to map; SIZE_MAX when there is no limit.
+size_t address_space_left() {
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+  unsigned long long pages = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const long page = sysconf(_SC_PAGESIZE);
+  const auto mapped = static_cast<unsigned long long>(pages) *
+                      static_cast<unsigned long long>(page > 0 ? page : 4096);
+  return rl.rlim_cur > mapped ? static_cast<size_t>(rl.rlim_cur - mapped) : 0;
+}
+
 // MemAvailable counts reclaimable page cache, which _SC_AVPHYS_PAGES misses;
 // the latter is only the fallback where /proc is not mounted.
-size_t available_memory() {
+size_t system_available_memory() {
   if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
     unsigned long long kib = 0;
@@ -43,6 +62,11 @@ size_t available_memory() {
   const long pages = sysconf(_SC_AVPHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+// What the system has free, and no more than the address-space limit leaves.
+size_t available_memory() {
+  return std::min(system_available_memory(), address_space_left());
 }
 
 const char* stream_name(int i) {
@@ -63,6 +87,10 @@ std::byte* take_host_memory(size_t bytes, const char* what, const char* fix) {
 
 }  // namespace
 
+size_t host_memory_available() {
+  return available_memory();
+}
+
 CpuBackend::CpuBackend(const CpuBackendParams& p)
     : budget_(p.device_budget), link_bandwidth_(p.link_bandwidth), link_latency_(p.link_latency) {
   if (!(p.link_bandwidth >= 0) || !(p.link_latency >= 0))
@@ -74,9 +102,20 @@ CpuBackend::CpuBackend(const CpuBackendParams& p)
                 fmt::format("cpu backend: threads is {}; pass a positive count, or 0 for all cores",
                             p.threads));
   threads_ = resolve_threads(p.threads);
+  // OpenBLAS runs this many threads too (its pool grows to it on demand;
+  // pooch-run starts it without one). OpenMP regions name theirs.
   openblas_set_num_threads(threads_);
-  for (int i = 0; i < kNumStreams; ++i)
-    streams_[i] = std::make_unique<StreamWorker>(stream_name(i), kStreamQueueCapacity);
+  try {
+    for (int i = 0; i < kNumStreams; ++i)
+      streams_[i] = std::make_unique<StreamWorker>(stream_name(i), kStreamQueueCapacity);
+  } catch (const std::system_error& e) {
+    // pthread_create fails with EAGAIN when a thread's stack cannot be mapped.
+    for (auto& s : streams_) s.reset();
+    throw Error(POOCH_ERR_OUT_OF_MEMORY,
+                fmt::format("the cpu backend could not start its copy and compute threads: {}; "
+                            "{:.2f} MiB of host memory are available to this process",
+                            e.what(), static_cast<double>(available_memory()) / kMiB));
+  }
 }
 
 CpuBackend::~CpuBackend() {

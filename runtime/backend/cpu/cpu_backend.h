@@ -16,6 +16,10 @@ namespace pooch::cpu {
 // a large graph, so the host rarely waits on a full ring.
 inline constexpr size_t kStreamQueueCapacity = 1024;
 
+// Host memory this process can still take: what the system has available,
+// and no more than its address-space limit (ulimit -v) leaves.
+size_t host_memory_available();
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendParams& p);
