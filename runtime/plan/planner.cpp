@@ -86,9 +86,42 @@ std::vector<int> select_nodes(const Graph& g, const std::vector<TensorId>& wante
     need_n[i] = 1;
     for (TensorId x : nodes[i].inputs) need_t[static_cast<size_t>(x)] = 1;
   }
-  std::vector<int> out;
+  std::vector<int> order;
   for (size_t i = 0; i < nodes.size(); ++i)
-    if (need_n[i]) out.push_back(static_cast<int>(i));
+    if (need_n[i]) order.push_back(static_cast<int>(i));
+  // Optimizer updates run as soon as they may: right after the last node that
+  // makes one of their inputs or reads a tensor they write. Autodiff appends
+  // them after the whole backward pass, which would keep every gradient alive
+  // to the end of the step; moved up, each gradient dies at its update. The
+  // values are the same: every read of a weight still comes before its update.
+  std::vector<int> rest, updates;
+  for (int n : order)
+    (op_registry().get(nodes[static_cast<size_t>(n)].op).mutates.empty() ? rest : updates)
+        .push_back(n);
+  if (updates.empty()) return order;
+  std::vector<std::vector<int>> after(rest.size() + 1);  // updates placed after rest[i-1]
+  for (int u : updates) {
+    const Node& un = nodes[static_cast<size_t>(u)];
+    const OpDef& ud = op_registry().get(un.op);
+    std::vector<TensorId> written;
+    for (int m : ud.mutates) written.push_back(un.inputs[static_cast<size_t>(m)]);
+    size_t anchor = 0;  // place after rest[anchor - 1]
+    for (size_t i = 0; i < rest.size(); ++i) {
+      const Node& n = nodes[static_cast<size_t>(rest[i])];
+      bool depends = false;
+      for (TensorId o : n.outputs)
+        depends = depends || std::find(un.inputs.begin(), un.inputs.end(), o) != un.inputs.end();
+      for (TensorId x : n.inputs)
+        depends = depends || std::find(written.begin(), written.end(), x) != written.end();
+      if (depends && rest[i] < u) anchor = i + 1;
+    }
+    after[anchor].push_back(u);
+  }
+  std::vector<int> out;
+  for (size_t i = 0; i <= rest.size(); ++i) {
+    if (i > 0) out.push_back(rest[i - 1]);
+    for (int u : after[i]) out.push_back(u);
+  }
   return out;
 }
 

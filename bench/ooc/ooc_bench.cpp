@@ -1,0 +1,221 @@
+// bench/ooc: out-of-core training on the CPU backend with an emulated device
+// link. For each model: the in-core step, then every strategy at budgets
+// that leave 1/2, 1/3 and 1/5 of the in-core step's activation memory
+// (weights, gradients and optimizer state stay on the device: nothing is
+// paged yet), each as a ratio to the in-core step time, with the simulator's
+// prediction against the measured time and the planning time.
+//
+// The link is a GTX 1650's PCIe 3.0 x16 (about 12 GB/s each way, 10 us per
+// copy) scaled by this CPU's compute rate relative to that card (2.9 TFLOPS
+// f32): the CPU's rate is measured from the in-core step's profile (FLOPs of
+// its launches over their measured time), so copies take as long relative to
+// compute as they would there.
+//
+//   pooch-bench-ooc [--steps N] [--threads T] [--quick]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.h"
+#include "runtime/core/op_registry.h"
+#include "runtime/models/build.h"
+#include "runtime/session/session.h"
+
+using namespace pooch;
+
+namespace {
+
+constexpr double kCardFlops = 2.9e12;   // GTX 1650, f32
+constexpr double kCardLink = 12e9;      // PCIe 3.0 x16, bytes/s each way (effective)
+constexpr double kCardLatency = 10e-6;  // per copy
+
+struct Bench {
+  std::string name;
+  ModelSpec spec;
+};
+
+ModelSpec chain(int layers, int width, int batch) {
+  ModelSpec s;
+  s.family = Family::mlp;
+  s.input = InputKind::dense;
+  s.input_width = width;
+  s.labels = 16;
+  s.loss = LossKind::mse;
+  for (int i = 0; i < layers; ++i) s.layers.push_back({LayerKind::linear, width, "gelu", 0, 0});
+  s.layers.push_back({LayerKind::dense_head, 0, "none", 0, 0});
+  s.run.batch = batch;
+  return s;
+}
+
+ModelSpec norm_mlp(int batch) {
+  ModelSpec s;
+  s.family = Family::mlp;
+  s.input = InputKind::dense;
+  s.input_width = 256;
+  s.labels = 10;
+  s.loss = LossKind::softmax;
+  for (int i = 0; i < 8; ++i) {
+    s.layers.push_back({LayerKind::linear, 512, "relu", 0, 0});
+    s.layers.push_back({LayerKind::dropout, 0, "none", 0.1, 0});
+    s.layers.push_back({LayerKind::layernorm, 0, "none", 0, 0});
+  }
+  s.layers.push_back({LayerKind::dense_head, 0, "none", 0, 0});
+  s.run.batch = batch;
+  return s;
+}
+
+ModelSpec xmc(int batch) {
+  ModelSpec s = spec_from_flags(InputKind::sparse, 20000, 4000, 512, 512, 32, LossKind::bce, 0.1);
+  s.run.batch = batch;
+  return s;
+}
+
+void fill_inputs(Session& s, int step) {
+  for (const IoTensor& io : s.model().inputs) {
+    if (io.row_mask) continue;
+    const TensorDesc& d = s.graph().tensor(io.id);
+    const auto n = static_cast<size_t>(d.numel());
+    if (d.dtype == DType::i32) {
+      std::vector<int32_t> v(n);
+      if (io.name == "batch.ptr" || io.name == "batch.lptr") {
+        const int per = io.name == "batch.ptr" ? 40 : 3;
+        for (size_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(i) * per;
+      } else if (io.name == "batch.lidx") {
+        for (size_t i = 0; i + 2 < n; i += 3)
+          for (int k = 0; k < 3; ++k)
+            v[i + k] = static_cast<int32_t>(((i / 3) * 13 + static_cast<size_t>(step)) % 1300 + k * 1300);
+      } else {
+        const int64_t bound = io.index_bound > 0 ? io.index_bound : 20000;
+        for (size_t i = 0; i < n; ++i)
+          v[i] = static_cast<int32_t>((i * 7919 + static_cast<size_t>(step)) % static_cast<size_t>(bound));
+      }
+      s.set_input(io.name, v.data(), n * 4);
+    } else {
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.01f * static_cast<float>(i + static_cast<size_t>(step)));
+      s.set_input(io.name, v.data(), n * 4);
+    }
+  }
+}
+
+// Median seconds of `steps` train steps (after one warm-up).
+double time_steps(Session& s, int steps) {
+  fill_inputs(s, 0);
+  s.run(ProgramKind::train_step);
+  std::vector<double> t;
+  for (int k = 1; k <= steps; ++k) {
+    fill_inputs(s, k);
+    const auto a = std::chrono::steady_clock::now();
+    s.run(ProgramKind::train_step);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double flops_of(const Graph& g, const Node& n) {
+  std::vector<const TensorDesc*> in, out;
+  for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
+  for (TensorId y : n.outputs) out.push_back(&g.tensor(y));
+  const OpDef& def = op_registry().get(n.op);
+  return def.flops ? def.flops(in, out, n.attrs) : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 7, threads = 2;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--quick") quick = true;
+    else {
+      fmt::print(stderr, "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick]\n");
+      return 2;
+    }
+  }
+  std::vector<Bench> benches = {{"mlp-chain50", chain(50, 512, 256)},
+                                {"mlp-norm-dropout", norm_mlp(512)},
+                                {"xmc", xmc(256)}};
+  if (quick) benches.resize(1);
+  try {
+    for (const Bench& b : benches) {
+      SessionConfig base;
+      base.device = DeviceKind::cpu;
+      base.threads = threads;
+      // In core: the time every ratio divides, and the CPU's compute rate.
+      Session in_core(build_model(b.spec), base);
+      fill_inputs(in_core, 0);
+      in_core.run_profiled_train_step();
+      const Profile& prof = in_core.profile();
+      double flops = 0, secs = 0;
+      for (const Launch& l : in_core.schedule(ProgramKind::train_step)->launches) {
+        flops += flops_of(in_core.graph(), in_core.graph().nodes()[static_cast<size_t>(l.node)]);
+        secs += prof.node_seconds[static_cast<size_t>(l.node)];
+      }
+      const double rate = flops / std::max(secs, 1e-9);
+      const double scale = rate / kCardFlops;
+      const double link = kCardLink * scale;
+      // The in-core time is the better of two runs, one before the strategies'
+      // sessions and one after them (the machine may be busier in one).
+      double t_in = time_steps(in_core, steps);
+      const size_t arena = in_core.out_of_core().in_core_arena;
+      size_t persistent = 0;
+      for (Role r : {Role::weight, Role::optimizer_state})
+        persistent += in_core.memory_plan().bytes_by_role[static_cast<int>(r)];
+      fmt::print("\n{}: in-core step {:.1f} ms, arena {:.1f} MiB (weights and optimizer state "
+                 "{:.1f} MiB); CPU {:.1f} GFLOP/s = {:.4f} x GTX 1650, so the link is {:.3g} "
+                 "MB/s and {:.0f} us a copy\n",
+                 b.name, t_in * 1e3, arena / 1048576.0, persistent / 1048576.0, rate / 1e9, scale,
+                 link / 1e6, kCardLatency / scale * 1e6);
+      fmt::print("{:<16} {:>9} {:>11} {:>9} {:>9} {:>11} {:>9} {:>9} {:>8}\n", "strategy",
+                 "act. kept", "arena MiB", "swap MiB", "recomp.", "measured", "ratio", "sim err",
+                 "plan ms");
+      for (double keep : {1.0 / 2, 1.0 / 3, 1.0 / 5}) {
+        for (Strategy st : {Strategy::swap_all, Strategy::recompute_all,
+                            Strategy::checkpoint_sqrt, Strategy::pooch_greedy,
+                            Strategy::automatic}) {
+          SessionConfig oc = base;
+          oc.strategy = st;
+          oc.device_memory =
+              persistent + static_cast<size_t>(static_cast<double>(arena - persistent) * keep);
+          oc.link_bandwidth = link;
+          oc.link_latency = kCardLatency / scale;
+          try {
+            const auto p0 = std::chrono::steady_clock::now();
+            Session s(build_model(b.spec), oc);
+            const double plan_ms =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count() * 1e3;
+            fill_inputs(s, 0);
+            s.run_profiled_train_step();  // measures, then plans again from the measurement
+            const double predicted = s.out_of_core().predicted_seconds;
+            const double t = time_steps(s, steps);
+            const OutOfCoreReport& r = s.out_of_core();
+            fmt::print("{:<16} {:>9} {:>11.1f} {:>9.1f} {:>9.1f} {:>9.1f}ms {:>8.2f}x {:>8.1f}% {:>8.1f}\n",
+                       strategy_name(st), fmt::format("1/{:.0f}", 1 / keep),
+                       s.memory_plan().peak / 1048576.0, r.swapped_bytes / 1048576.0,
+                       r.recomputed_bytes / 1048576.0, t * 1e3, t / t_in,
+                       (predicted - t) / t * 100, plan_ms);
+          } catch (const Error& e) {
+            fmt::print("{:<16} {:>9} does not fit: {}\n", strategy_name(st),
+                       fmt::format("1/{:.0f}", 1 / keep), e.what());
+          }
+        }
+      }
+      const double again = time_steps(in_core, steps);
+      fmt::print("in-core step measured again after the strategies: {:.1f} ms (first {:.1f} ms)\n",
+                 again * 1e3, t_in * 1e3);
+    }
+  } catch (const Error& e) {
+    fmt::print(stderr, "pooch-bench-ooc: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
