@@ -75,6 +75,7 @@ case "$cmd" in
     configure_and_build
     "$BUILD/tests/pooch-opcheck" --bench
     /usr/bin/python3 bench/xmc/run.py --build "$BUILD"
+    "$BUILD/bench/pooch-bench-ooc"
     ;;
   *)
     echo "usage: ./pooch.sh demo [demo flags] | test | bench" >&2

@@ -171,6 +171,23 @@ expect budget 3 "$RUN" train --data data --device-memory 4K --out x.pooch "${T[@
 # The library states the least budget that fits; pooch-run names the flag that sets it.
 contains budget-message budget.err 'a budget of at least [0-9]+ MiB'
 contains budget-advice budget.err 'raise --device-memory to at least [0-9]+ MiB'
+expect budget-keep 3 "$RUN" train --data data --device-memory 4K --strategy keep --out x.pooch "${T[@]}"
+
+# --- out of core: a budget below the in-core step, the same model bit for bit ---
+expect ooc-in-core 0 "$RUN" train --data data --epochs 2 --out incore.pooch --json "${T[@]}"
+IN_CORE=$(json_last ooc-in-core.out | grep -Eo '"arena_bytes":[0-9]+' | head -n 1 | cut -d: -f2)
+WEIGHTS=0
+for b in $(json_last ooc-in-core.out | grep -Eo '"(weight|optimizer)_bytes":[0-9]+' | cut -d: -f2); do
+  WEIGHTS=$((WEIGHTS + b))
+done
+# Nine tenths of what the step holds beyond its weights and optimizer state
+# (most of the rest is gradients, which stay on the device).
+BUDGET=$(( WEIGHTS + (IN_CORE - WEIGHTS) * 9 / 10 ))
+expect ooc-train 0 "$RUN" train --data data --epochs 2 --out ooc.pooch --device-memory "$BUDGET" \
+  --strategy auto --link-bandwidth 1G --json "${T[@]}"
+contains ooc-active ooc-train.out '"out_of_core":true'
+cmp -s incore.pooch ooc.pooch && pass ooc-bit-identical || fail ooc-bit-identical
+expect ooc-bad-strategy 1 "$RUN" train --data data --strategy sometimes --out x.pooch "${T[@]}"
 "$RUN" train --data data --epochs 1 --device cuda --out cuda.pooch --threads 1 > cuda.out 2> cuda.err
 rc=$?
 if [ $rc = 0 ]; then
