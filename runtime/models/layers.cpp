@@ -8,6 +8,26 @@
 
 namespace pooch {
 
+AddWeight weight_adder(Model& m) {
+  return [&m](std::string name, DType dt, Shape shape, bool trainable, WeightInit::Kind kind,
+              double a) {
+    TensorDesc d{name, dt, std::move(shape), Role::weight};
+    d.trainable = trainable;
+    const TensorId id = m.graph.add_tensor(std::move(d));
+    m.init[name] = {kind, a, static_cast<uint32_t>(id) + (1u << 20)};
+    return id;
+  };
+}
+
+std::unique_ptr<Model> new_model(const ModelSpec& resolved) {
+  auto m = std::make_unique<Model>();
+  m->family = family_name(resolved.family);
+  m->spec_json = spec_to_json(resolved);
+  m->seed = resolved.seed;
+  m->batch = resolved.run.batch;
+  return m;
+}
+
 TensorId add_hidden_layer(Graph& g, const LayerSpec& l, size_t i, TensorId h, int64_t& width,
                           const AddWeight& weight) {
   switch (l.kind) {

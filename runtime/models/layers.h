@@ -3,6 +3,7 @@
 // values both families have always used.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "model.h"
@@ -13,6 +14,14 @@ namespace pooch {
 // Adds a weight tensor with its initialiser; returns its id.
 using AddWeight = std::function<TensorId(std::string name, DType dt, Shape shape, bool trainable,
                                          WeightInit::Kind kind, double a)>;
+
+// The model's weight adder: each weight draws its initial values from its own
+// counter stream (its tensor id + 2^20, clear of dropout keys).
+AddWeight weight_adder(Model& m);
+
+// Starts a model of a family from its resolved spec: family, spec JSON, seed
+// and batch.
+std::unique_ptr<Model> new_model(const ModelSpec& resolved);
 
 // Layer `i` of a spec (linear, dropout or layernorm) over the dense rows `h`
 // of width `width`; returns its output and updates `width`.

@@ -10,21 +10,10 @@ std::unique_ptr<Model> build_mlp_model(const ModelSpec& spec) {
   ModelSpec s = spec;
   s.family = Family::mlp;
   validate_spec(s);
-  auto m = std::make_unique<Model>();
-  m->family = "mlp";
-  m->spec_json = spec_to_json(s);
-  m->seed = s.seed;
-  m->batch = s.run.batch;
+  auto m = new_model(s);
   Graph& g = m->graph;
   const int64_t B = s.run.batch, N = s.labels;
-  AddWeight weight = [&](std::string name, DType dt, Shape shape, bool trainable,
-                         WeightInit::Kind kind, double a) {
-    TensorDesc d{name, dt, std::move(shape), Role::weight};
-    d.trainable = trainable;
-    const TensorId id = g.add_tensor(std::move(d));
-    m->init[name] = {kind, a, static_cast<uint32_t>(id) + (1u << 20)};
-    return id;
-  };
+  const AddWeight weight = weight_adder(*m);
 
   TensorId h = g.add_tensor({"batch.x", DType::f32, {B, s.input_width}, Role::input});
   m->inputs.push_back({"batch.x", h, 0});

@@ -12,29 +12,15 @@ namespace pooch {
 
 std::unique_ptr<Model> build_xmc_model(const ModelSpec& spec) {
   validate_spec(spec);
-  auto m = std::make_unique<Model>();
   ModelSpec s = spec;
   if (s.run.max_nnz == 0) s.run.max_nnz = s.run.batch * 64;
   if (s.run.max_labels == 0) s.run.max_labels = s.run.batch * 32;
   s.run.topk = static_cast<int>(std::min<int64_t>(s.run.topk, s.labels));
-  m->family = "xmc";
-  m->spec_json = spec_to_json(s);
-  m->seed = s.seed;
-  m->batch = s.run.batch;
+  auto m = new_model(s);
   Graph& g = m->graph;
   const int64_t B = s.run.batch, L = s.labels;
   TensorId ptr = kNoTensor, idx = kNoTensor, val = kNoTensor, logits = kNoTensor;
-
-  auto weight = [&](std::string name, DType dt, Shape shape, bool trainable, WeightInit::Kind kind,
-                    double a) {
-    TensorDesc d{name, dt, std::move(shape), Role::weight};
-    d.trainable = trainable;
-    const TensorId id = g.add_tensor(std::move(d));
-    // Each weight draws from its own counter stream (its tensor id + 2^20,
-    // clear of dropout keys).
-    m->init[name] = {kind, a, static_cast<uint32_t>(id) + (1u << 20)};
-    return id;
-  };
+  const AddWeight weight = weight_adder(*m);
 
   TensorId h = kNoTensor;
   bool sparse_pending = s.input == InputKind::sparse;
