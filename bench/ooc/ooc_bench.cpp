@@ -88,16 +88,19 @@ void fill_inputs(Session& s, int step) {
       } else if (io.name == "batch.lidx") {
         for (size_t i = 0; i + 2 < n; i += 3)
           for (int k = 0; k < 3; ++k)
-            v[i + k] = static_cast<int32_t>(((i / 3) * 13 + static_cast<size_t>(step)) % 1300 + k * 1300);
+            v[i + k] =
+                static_cast<int32_t>(((i / 3) * 13 + static_cast<size_t>(step)) % 1300 + k * 1300);
       } else {
         const int64_t bound = io.index_bound > 0 ? io.index_bound : 20000;
         for (size_t i = 0; i < n; ++i)
-          v[i] = static_cast<int32_t>((i * 7919 + static_cast<size_t>(step)) % static_cast<size_t>(bound));
+          v[i] = static_cast<int32_t>((i * 7919 + static_cast<size_t>(step)) %
+                                      static_cast<size_t>(bound));
       }
       s.set_input(io.name, v.data(), n * 4);
     } else {
       std::vector<float> v(n);
-      for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.01f * static_cast<float>(i + static_cast<size_t>(step)));
+      for (size_t i = 0; i < n; ++i)
+        v[i] = std::sin(0.01f * static_cast<float>(i + static_cast<size_t>(step)));
       s.set_input(io.name, v.data(), n * 4);
     }
   }
@@ -133,17 +136,19 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--quick") quick = true;
+    if (a == "--steps" && i + 1 < argc)
+      steps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--threads" && i + 1 < argc)
+      threads = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--quick")
+      quick = true;
     else {
       fmt::print(stderr, "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick]\n");
       return 2;
     }
   }
-  std::vector<Bench> benches = {{"mlp-chain50", chain(50, 512, 256)},
-                                {"mlp-norm-dropout", norm_mlp(512)},
-                                {"xmc", xmc(256)}};
+  std::vector<Bench> benches = {
+      {"mlp-chain50", chain(50, 512, 256)}, {"mlp-norm-dropout", norm_mlp(512)}, {"xmc", xmc(256)}};
   if (quick) benches.resize(1);
   try {
     for (const Bench& b : benches) {
@@ -170,18 +175,18 @@ int main(int argc, char** argv) {
       size_t persistent = 0;
       for (Role r : {Role::weight, Role::optimizer_state})
         persistent += in_core.memory_plan().bytes_by_role[static_cast<int>(r)];
-      fmt::print("\n{}: in-core step {:.1f} ms, arena {:.1f} MiB (weights and optimizer state "
-                 "{:.1f} MiB); CPU {:.1f} GFLOP/s = {:.4f} x GTX 1650, so the link is {:.3g} "
-                 "MB/s and {:.0f} us a copy\n",
-                 b.name, t_in * 1e3, arena / 1048576.0, persistent / 1048576.0, rate / 1e9, scale,
-                 link / 1e6, kCardLatency / scale * 1e6);
+      fmt::print(
+          "\n{}: in-core step {:.1f} ms, arena {:.1f} MiB (weights and optimizer state "
+          "{:.1f} MiB); CPU {:.1f} GFLOP/s = {:.4f} x GTX 1650, so the link is {:.3g} "
+          "MB/s and {:.0f} us a copy\n",
+          b.name, t_in * 1e3, arena / 1048576.0, persistent / 1048576.0, rate / 1e9, scale,
+          link / 1e6, kCardLatency / scale * 1e6);
       fmt::print("{:<16} {:>9} {:>11} {:>9} {:>9} {:>11} {:>9} {:>9} {:>8}\n", "strategy",
                  "act. kept", "arena MiB", "swap MiB", "recomp.", "measured", "ratio", "sim err",
                  "plan ms");
       for (double keep : {1.0 / 2, 1.0 / 3, 1.0 / 5}) {
-        for (Strategy st : {Strategy::swap_all, Strategy::recompute_all,
-                            Strategy::checkpoint_sqrt, Strategy::pooch_greedy,
-                            Strategy::automatic}) {
+        for (Strategy st : {Strategy::swap_all, Strategy::recompute_all, Strategy::checkpoint_sqrt,
+                            Strategy::pooch_greedy, Strategy::automatic}) {
           SessionConfig oc = base;
           oc.strategy = st;
           oc.device_memory =
@@ -198,11 +203,13 @@ int main(int argc, char** argv) {
             const double predicted = s.out_of_core().predicted_seconds;
             const double t = time_steps(s, steps);
             const OutOfCoreReport& r = s.out_of_core();
-            fmt::print("{:<16} {:>9} {:>11.1f} {:>9.1f} {:>9.1f} {:>9.1f}ms {:>8.2f}x {:>8.1f}% {:>8.1f}\n",
-                       strategy_name(st), fmt::format("1/{:.0f}", 1 / keep),
-                       s.memory_plan().peak / 1048576.0, r.swapped_bytes / 1048576.0,
-                       r.recomputed_bytes / 1048576.0, t * 1e3, t / t_in,
-                       (predicted - t) / t * 100, plan_ms);
+            fmt::print(
+                "{:<16} {:>9} {:>11.1f} {:>9.1f} {:>9.1f} {:>9.1f}ms {:>8.2f}x {:>8.1f}% "
+                "{:>8.1f}\n",
+                strategy_name(st), fmt::format("1/{:.0f}", 1 / keep),
+                s.memory_plan().peak / 1048576.0, r.swapped_bytes / 1048576.0,
+                r.recomputed_bytes / 1048576.0, t * 1e3, t / t_in, (predicted - t) / t * 100,
+                plan_ms);
           } catch (const Error& e) {
             fmt::print("{:<16} {:>9} does not fit: {}\n", strategy_name(st),
                        fmt::format("1/{:.0f}", 1 / keep), e.what());

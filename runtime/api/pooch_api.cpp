@@ -37,8 +37,9 @@ struct pooch_model {
   // The model a session will run (built on first need, cleared on change).
   std::shared_ptr<const pooch::Model> built;
   const pooch::Model& model() {
-    if (!built) built = has_spec ? std::shared_ptr<const pooch::Model>(pooch::build_model(spec))
-                                 : std::shared_ptr<const pooch::Model>(file->model);
+    if (!built)
+      built = has_spec ? std::shared_ptr<const pooch::Model>(pooch::build_model(spec))
+                       : std::shared_ptr<const pooch::Model>(file->model);
     return *built;
   }
   void set_spec(const pooch::ModelSpec& s) {
@@ -146,8 +147,8 @@ pooch_status guarded(F&& f) {
 void require_spec(const pooch_model* m, const char* call) {
   if (!m->has_spec)
     throw pooch::Error(POOCH_ERR_INVALID_ARG,
-                       fmt::format("{}: the model (family '{}') has no spec to rebuild it from", call,
-                                   m->built ? m->built->family : std::string()));
+                       fmt::format("{}: the model (family '{}') has no spec to rebuild it from",
+                                   call, m->built ? m->built->family : std::string()));
 }
 
 pooch::BatchView to_view(const pooch_batch* b) {
@@ -628,7 +629,8 @@ int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size)
   const auto& rp = ds->data.row_ptr;
   std::vector<int64_t> len(rp.size() - 1);
   for (size_t r = 0; r + 1 < rp.size(); ++r) len[r] = rp[r + 1] - rp[r];
-  const auto n = static_cast<size_t>(std::min<int64_t>(batch_size, static_cast<int64_t>(len.size())));
+  const auto n =
+      static_cast<size_t>(std::min<int64_t>(batch_size, static_cast<int64_t>(len.size())));
   std::partial_sort(len.begin(), len.begin() + static_cast<long>(n), len.end(), std::greater<>());
   int64_t sum = 0;
   for (size_t i = 0; i < n; ++i) sum += len[i];
@@ -746,8 +748,8 @@ pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const poo
       c_rep.stopping = r.stopping;
       p->on_epoch(p->user, &c_rep);
     };
-    pooch::train_xmc(s->impl("pooch_train"), train->data, test ? &test->data : nullptr, c,
-                     s->state, cb, &last_eval);
+    pooch::train_xmc(s->impl("pooch_train"), train->data, test ? &test->data : nullptr, c, s->state,
+                     cb, &last_eval);
   });
 }
 
@@ -784,11 +786,20 @@ pooch_status tensor_info(pooch_model* m, int i, bool input, pooch_tensor_info* o
     std::memset(out, 0, sizeof(*out));
     out->name = io.name.c_str();
     switch (d.dtype) {
-      case pooch::DType::f32: out->dtype = POOCH_DTYPE_F32; break;
-      case pooch::DType::f64: out->dtype = POOCH_DTYPE_F64; break;
-      case pooch::DType::i32: out->dtype = POOCH_DTYPE_I32; break;
-      case pooch::DType::u16: out->dtype = POOCH_DTYPE_U16; break;
-      default: out->dtype = POOCH_DTYPE_OTHER;
+      case pooch::DType::f32:
+        out->dtype = POOCH_DTYPE_F32;
+        break;
+      case pooch::DType::f64:
+        out->dtype = POOCH_DTYPE_F64;
+        break;
+      case pooch::DType::i32:
+        out->dtype = POOCH_DTYPE_I32;
+        break;
+      case pooch::DType::u16:
+        out->dtype = POOCH_DTYPE_U16;
+        break;
+      default:
+        out->dtype = POOCH_DTYPE_OTHER;
     }
     out->rank = static_cast<int>(d.shape.size());
     for (size_t k = 0; k < d.shape.size(); ++k)
@@ -846,8 +857,9 @@ pooch_status pooch_session_set_input(pooch_session* s, const char* name, const v
 
 pooch_status pooch_session_run(pooch_session* s, pooch_program program) {
   POOCH_REQUIRE_ARG(s, "pooch_session_run: session must not be NULL");
-  POOCH_REQUIRE_ARG(program >= POOCH_PROGRAM_TRAIN_STEP && program <= POOCH_PROGRAM_EVALUATE,
-                    fmt::format("pooch_session_run: unknown program {}", static_cast<int>(program)));
+  POOCH_REQUIRE_ARG(
+      program >= POOCH_PROGRAM_TRAIN_STEP && program <= POOCH_PROGRAM_EVALUATE,
+      fmt::format("pooch_session_run: unknown program {}", static_cast<int>(program)));
   return guarded([&] {
     s->session().run(static_cast<pooch::ProgramKind>(program));
     if (program == POOCH_PROGRAM_TRAIN_STEP && s->progress) {

@@ -11,8 +11,8 @@ namespace pooch {
 enum class DeviceKind { automatic, cpu, cuda };
 
 struct BackendParams {
-  size_t device_budget = 0;  // bytes the arena may take; 0: all the device offers
-  int threads = 0;           // CPU threads for kernels; 0: all cores
+  size_t device_budget = 0;   // bytes the arena may take; 0: all the device offers
+  int threads = 0;            // CPU threads for kernels; 0: all cores
   double link_bandwidth = 0;  // CPU only: an emulated device link (CpuBackendParams)
   double link_latency = 0;
 };

@@ -44,8 +44,8 @@ struct WeightInit {
 struct Model {
   Graph graph;
   std::vector<IoTensor> inputs;
-  std::vector<IoTensor> outputs;  // losses among them
-  std::vector<TensorId> losses;   // the roots of the backward pass
+  std::vector<IoTensor> outputs;                        // losses among them
+  std::vector<TensorId> losses;                         // the roots of the backward pass
   std::map<std::string, WeightInit, std::less<>> init;  // by weight name
   // What built the model: its family ("xmc", "mlp"; "" for a graph built by
   // hand) and the family's spec (JSON), from which the family rebuilds it for

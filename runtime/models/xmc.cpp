@@ -112,5 +112,4 @@ std::unique_ptr<Model> build_xmc_model(const ModelSpec& spec) {
   return m;
 }
 
-
 }  // namespace pooch

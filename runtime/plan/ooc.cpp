@@ -7,9 +7,9 @@
 #include <cmath>
 #include <limits>
 
+#include "../../kernels/common/util.h"
 #include "../core/error.h"
 #include "../core/op_registry.h"
-#include "../../kernels/common/util.h"
 
 namespace pooch {
 
@@ -96,7 +96,8 @@ Simulation simulate(const Schedule& s, const Profile& p) {
     double& now = t[static_cast<int>(st.stream)];
     switch (st.kind) {
       case StepKind::launch: {
-        const double d = p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
+        const double d =
+            p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
         now += d;
         sim.compute_seconds += d;
         break;
@@ -177,7 +178,8 @@ struct Search {
     for (const SavedActivation& sa : saved) {
       if (!sa.recomputable) continue;
       bool reads_recomputed = false;
-      for (TensorId x : g.nodes()[static_cast<size_t>(base.nodes[static_cast<size_t>(sa.producer)])].inputs)
+      for (TensorId x :
+           g.nodes()[static_cast<size_t>(base.nodes[static_cast<size_t>(sa.producer)])].inputs)
         reads_recomputed = reads_recomputed || v[static_cast<size_t>(x)] == Residency::recompute;
       if (!reads_recomputed) v[static_cast<size_t>(sa.tensor)] = Residency::recompute;
     }
@@ -200,7 +202,8 @@ struct Search {
   Candidate checkpoint_sqrt() {
     std::vector<Residency> r = all(Residency::keep);
     const size_t n = saved.size();
-    const auto k = static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(std::max<size_t>(n, 1)))));
+    const auto k =
+        static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(std::max<size_t>(n, 1)))));
     for (size_t i = 0; i < n; ++i)
       if (i % k != 0)
         r[static_cast<size_t>(saved[i].tensor)] =

@@ -11,12 +11,13 @@
 namespace pooch {
 
 enum class Strategy {  // the values are pooch.h's pooch_strategy
-  keep = 0,             // in core: everything stays
-  swap_all,         // every saved activation goes to the host pool and back
-  recompute_all,    // every saved activation recomputed whose producer reads none (one level)
-  checkpoint_sqrt,  // keep every ceil(sqrt(n))-th saved activation, recompute the rest (Chen et al.)
-  pooch_greedy,     // PoocH: all swapped; kept latest first while it fits; recomputed where cheaper
-  automatic,        // the best of the above, improved by local search over the simulator
+  keep = 0,            // in core: everything stays
+  swap_all,            // every saved activation goes to the host pool and back
+  recompute_all,       // every saved activation recomputed whose producer reads none (one level)
+  checkpoint_sqrt,     // keep every ceil(sqrt(n))-th saved activation, recompute the rest (Chen et
+                       // al.)
+  pooch_greedy,  // PoocH: all swapped; kept latest first while it fits; recomputed where cheaper
+  automatic,     // the best of the above, improved by local search over the simulator
 };
 const char* strategy_name(Strategy s);
 // "keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy",

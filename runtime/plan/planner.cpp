@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <functional>
 
+#include "../../kernels/common/util.h"
 #include "../core/error.h"
 #include "../core/op_registry.h"
-#include "../../kernels/common/util.h"
 
 namespace pooch {
 
@@ -162,8 +162,8 @@ namespace {
 // Views share their input's buffer: every tensor maps to the root it aliases.
 struct Aliases {
   std::vector<TensorId> root;
-  std::vector<char> is_view;     // per program position
-  std::vector<char> has_alias;   // per tensor: some view aliases it
+  std::vector<char> is_view;    // per program position
+  std::vector<char> has_alias;  // per tensor: some view aliases it
 };
 
 Aliases find_aliases(const Graph& g, const ProgramRequest& req) {
@@ -213,7 +213,8 @@ std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequ
       if (producer[static_cast<size_t>(o)] < 0) producer[static_cast<size_t>(o)] = p;
   }
   std::vector<char> is_output(n_t, 0);
-  for (TensorId o : req.outputs) is_output[static_cast<size_t>(al.root[static_cast<size_t>(o)])] = 1;
+  for (TensorId o : req.outputs)
+    is_output[static_cast<size_t>(al.root[static_cast<size_t>(o)])] = 1;
   for (size_t t = 0; t < n_t; ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     const int p = producer[t];
@@ -265,7 +266,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   // recompute launches inserted where a backward node first needs a tensor
   // that was recomputed away (its producer's own inputs first, recursively).
   struct Slot {
-    int pos;                     // program position of the node
+    int pos;                      // program position of the node
     TensorId target = kNoTensor;  // a recompute launch: the tensor it remakes
   };
   std::vector<Slot> slots;
@@ -367,9 +368,9 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         throw Error(POOCH_ERR_INVALID_ARG,
                     fmt::format("input '{}' has no host staging slot in this session", d.name));
     } else if (A[t].first < 0) {
-      throw Error(POOCH_ERR_INTERNAL,
-                  fmt::format("tensor '{}' is read by the program but nothing in it writes it",
-                              d.name));
+      throw Error(
+          POOCH_ERR_INTERNAL,
+          fmt::format("tensor '{}' is read by the program but nothing in it writes it", d.name));
     }
     for (Interval* iv : {&A[t], &B[t]}) {
       if (iv->first < 0) continue;
@@ -417,9 +418,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     l.node = ni;
     kern::KernelArgs& a = l.args;
     if (nd.inputs.size() > kern::kMaxOperands || nd.outputs.size() > kern::kMaxOperands)
-      throw Error(POOCH_ERR_INVALID_ARG,
-                  fmt::format("op '{}' (node {}) has more than {} operands", nd.op, ni,
-                              kern::kMaxOperands));
+      throw Error(POOCH_ERR_INVALID_ARG, fmt::format("op '{}' (node {}) has more than {} operands",
+                                                     nd.op, ni, kern::kMaxOperands));
     a.n_in = static_cast<int>(nd.inputs.size());
     a.n_out = static_cast<int>(nd.outputs.size());
     for (int j = 0; j < a.n_in; ++j) a.in[j] = view_of(g.tensor(nd.inputs[static_cast<size_t>(j)]));
@@ -469,7 +469,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     for (int j = 0; j < l.args.n_out; ++j)
       l.out_offset[j] = device_offset(nd.outputs[static_cast<size_t>(j)], sl, true);
     if (l.args.workspace_bytes)
-      l.workspace_offset = base + s.transient.offsets[static_cast<size_t>(ws_req[static_cast<size_t>(sl)])];
+      l.workspace_offset =
+          base + s.transient.offsets[static_cast<size_t>(ws_req[static_cast<size_t>(sl)])];
   }
 
   // Host slots for swapped tensors, above the session's staging slots.
@@ -479,7 +480,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     if (s.residency[t] != Residency::swap) continue;
     host_reqs.push_back({g.tensor(static_cast<TensorId>(t)).bytes(),
                          slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], back_at[t],
-                         Role::activation, -1, "swap slot of " + g.tensor(static_cast<TensorId>(t)).name});
+                         Role::activation, -1,
+                         "swap slot of " + g.tensor(static_cast<TensorId>(t)).name});
     host_ids.push_back(static_cast<TensorId>(t));
   }
   const ArenaPlan host_plan = plan_arena(host_reqs, align);
@@ -510,7 +512,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         s.steps.push_back({StepKind::record, Stream::compute, free});
         s.steps.push_back({StepKind::wait, Stream::h2d, free});
         s.add_copy(StepKind::copy_in, Stream::h2d,
-                   {static_cast<TensorId>(t), offset_of(B[t]), host_slot[t], g.tensor(static_cast<TensorId>(t)).bytes()});
+                   {static_cast<TensorId>(t), offset_of(B[t]), host_slot[t],
+                    g.tensor(static_cast<TensorId>(t)).bytes()});
         in_done[t] = s.add_event();
         s.steps.push_back({StepKind::record, Stream::h2d, in_done[t]});
       }
@@ -525,7 +528,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       s.steps.push_back({StepKind::record, Stream::compute, made});
       s.steps.push_back({StepKind::wait, Stream::d2h, made});
       s.add_copy(StepKind::copy_out, Stream::d2h,
-                 {static_cast<TensorId>(t), offset_of(A[t]), host_slot[t], g.tensor(static_cast<TensorId>(t)).bytes()});
+                 {static_cast<TensorId>(t), offset_of(A[t]), host_slot[t],
+                  g.tensor(static_cast<TensorId>(t)).bytes()});
       out_done[t] = s.add_event();
       s.steps.push_back({StepKind::record, Stream::d2h, out_done[t]});
     }

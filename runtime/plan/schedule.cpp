@@ -19,22 +19,26 @@ const char* residency_name(Residency r) {
 std::string Schedule::describe(const Graph& g) const {
   std::string out;
   for (const ScheduleStep& st : steps) {
-    const char* stream = st.stream == Stream::compute ? "compute" : st.stream == Stream::h2d ? "h2d" : "d2h";
+    const char* stream = st.stream == Stream::compute ? "compute"
+                         : st.stream == Stream::h2d   ? "h2d"
+                                                      : "d2h";
     switch (st.kind) {
       case StepKind::launch: {
         const Launch& l = launches[static_cast<size_t>(st.index)];
-        out += fmt::format("{:8} launch {} ({}, node {})\n", stream, l.kernel->op, l.kernel->variant,
-                           l.node);
+        out += fmt::format("{:8} launch {} ({}, node {})\n", stream, l.kernel->op,
+                           l.kernel->variant, l.node);
         break;
       }
       case StepKind::copy_in: {
         const ScheduledCopy& c = copies[static_cast<size_t>(st.index)];
-        out += fmt::format("{:8} copy in  {} ({} bytes)\n", stream, g.tensor(c.tensor).name, c.bytes);
+        out +=
+            fmt::format("{:8} copy in  {} ({} bytes)\n", stream, g.tensor(c.tensor).name, c.bytes);
         break;
       }
       case StepKind::copy_out: {
         const ScheduledCopy& c = copies[static_cast<size_t>(st.index)];
-        out += fmt::format("{:8} copy out {} ({} bytes)\n", stream, g.tensor(c.tensor).name, c.bytes);
+        out +=
+            fmt::format("{:8} copy out {} ({} bytes)\n", stream, g.tensor(c.tensor).name, c.bytes);
         break;
       }
       case StepKind::record:

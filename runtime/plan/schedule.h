@@ -53,9 +53,9 @@ struct Launch {
   // Shapes, attributes and workspace size; data pointers are left null here
   // and bound by the executor from the offsets below.
   kern::KernelArgs args;
-  size_t in_offset[kern::kMaxOperands] = {};   // arena offsets of the operands
+  size_t in_offset[kern::kMaxOperands] = {};  // arena offsets of the operands
   size_t out_offset[kern::kMaxOperands] = {};
-  size_t workspace_offset = kUnplaced;         // kUnplaced: no workspace
+  size_t workspace_offset = kUnplaced;  // kUnplaced: no workspace
 };
 
 struct Schedule {

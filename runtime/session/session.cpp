@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../../kernels/common/util.h"
 #include "../core/autodiff.h"
 #include "../core/error.h"
-#include "../../kernels/common/util.h"
 
 namespace pooch {
 
@@ -36,11 +36,20 @@ void fill(void* dst, DType dt, size_t n, double v) {
     return;
   }
   for (size_t i = 0; i < n; ++i) switch (dt) {
-      case DType::f32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
-      case DType::f64: static_cast<double*>(dst)[i] = v; break;
-      case DType::i32: static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v); break;
-      case DType::u16: static_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(v); break;
-      default: std::memset(static_cast<std::byte*>(dst) + i * dtype_size(dt), 0, dtype_size(dt));
+      case DType::f32:
+        static_cast<float*>(dst)[i] = static_cast<float>(v);
+        break;
+      case DType::f64:
+        static_cast<double*>(dst)[i] = v;
+        break;
+      case DType::i32:
+        static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v);
+        break;
+      case DType::u16:
+        static_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(v);
+        break;
+      default:
+        std::memset(static_cast<std::byte*>(dst) + i * dtype_size(dt), 0, dtype_size(dt));
     }
 }
 
@@ -57,9 +66,9 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     append_optimizer(graph_, build_backward(graph_, m.losses[0]), cfg.optimizer);
   }
   const int threads = resolve_threads(cfg.threads);
-  backend_ = make_backend(cfg.device,
-                          {cfg.device_memory, threads, cfg.link_bandwidth, cfg.link_latency}, note,
-                          note_user);
+  backend_ =
+      make_backend(cfg.device, {cfg.device_memory, threads, cfg.link_bandwidth, cfg.link_latency},
+                   note, note_user);
 
   std::vector<TensorId> staged;
   for (const IoTensor& t : m.inputs) staged.push_back(t.id);
@@ -102,8 +111,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
           for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
             if (o == m.losses[0]) rq.split = static_cast<int>(i);
         train_request_ = rq;
-        OocPlan op = plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_,
-                                      profile_);
+        OocPlan op =
+            plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_, profile_);
         p->schedule = std::move(op.schedule);
         ooc_.active = true;
         ooc_.strategy = op.strategy;
@@ -151,13 +160,13 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     host_bytes = std::max(host_bytes, align_up(layout_.host.peak, align) + saved);
   }
   if (cfg.host_memory && host_bytes > cfg.host_memory)
-    throw Error(POOCH_ERR_OUT_OF_BUDGET,
-                fmt::format("the host pool needs {} bytes ({:.2f} MiB) for staging{}, more than "
-                            "the host memory cap of {} bytes; it needs a host budget of at least "
-                            "{} MiB",
-                            host_bytes, to_mib(host_bytes),
-                            ooc_.active ? " and swapped activations" : "", cfg.host_memory,
-                            mib_ceil(host_bytes)));
+    throw Error(
+        POOCH_ERR_OUT_OF_BUDGET,
+        fmt::format("the host pool needs {} bytes ({:.2f} MiB) for staging{}, more than "
+                    "the host memory cap of {} bytes; it needs a host budget of at least "
+                    "{} MiB",
+                    host_bytes, to_mib(host_bytes), ooc_.active ? " and swapped activations" : "",
+                    cfg.host_memory, mib_ceil(host_bytes)));
   exec_ = std::make_unique<Executor>(*backend_, arena_bytes, host_bytes);
   for (auto& p : programs_)
     if (p) p->bound = exec_->bind(p->schedule, ctx_.get());
@@ -167,8 +176,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     const TensorDesc& d = graph_.tensor(static_cast<TensorId>(t));
     if (!persistent(d.role)) continue;
     const auto it = m.init.find(d.name);
-    const std::vector<std::byte> bytes =
-        it != m.init.end() ? initial_value(d, it->second, m.seed) : std::vector<std::byte>(d.bytes());
+    const std::vector<std::byte> bytes = it != m.init.end() ? initial_value(d, it->second, m.seed)
+                                                            : std::vector<std::byte>(d.bytes());
     exec_->write(layout_.device_offset[t], bytes.data(), bytes.size());
   }
 }
@@ -187,8 +196,9 @@ void Session::check_cancel() {
 TensorId Session::staged_tensor(std::string_view name, bool input) const {
   const IoTensor* io = input ? model_->find_input(name) : model_->find_output(name);
   if (io) return io->id;
-  if (const auto id = graph_.find(name); id && layout_.host_offset[static_cast<size_t>(*id)] != kUnplaced &&
-                                         (graph_.tensor(*id).role == Role::input) == input)
+  if (const auto id = graph_.find(name);
+      id && layout_.host_offset[static_cast<size_t>(*id)] != kUnplaced &&
+      (graph_.tensor(*id).role == Role::input) == input)
     return *id;
   std::string known;
   for (const IoTensor& t : input ? model_->inputs : model_->outputs)
@@ -221,10 +231,10 @@ void Session::set_input(std::string_view name, const void* data, size_t bytes) {
   const int64_t max_rows = d.shape[0];
   const size_t row_bytes = max_rows ? d.bytes() / static_cast<size_t>(max_rows) : 0;
   if (row_bytes == 0 || bytes % row_bytes != 0 || bytes > d.bytes())
-    throw Error(POOCH_ERR_INVALID_ARG,
-                fmt::format("input '{}' is {} {}: it takes up to {} rows of {} bytes; got {} bytes",
-                            d.name, dtype_name(d.dtype), shape_str(d.shape), max_rows, row_bytes,
-                            bytes));
+    throw Error(
+        POOCH_ERR_INVALID_ARG,
+        fmt::format("input '{}' is {} {}: it takes up to {} rows of {} bytes; got {} bytes", d.name,
+                    dtype_name(d.dtype), shape_str(d.shape), max_rows, row_bytes, bytes));
   const auto rows = static_cast<int64_t>(bytes / row_bytes);
   if (io->index_bound > 0 && d.dtype == DType::i32) {
     // Ids index the loss's classes: one out of range would be silently ignored.
@@ -365,7 +375,8 @@ void Session::get_output(std::string_view name, void* data, size_t bytes) const 
 std::vector<std::byte> Session::read_tensor(std::string_view name) const {
   const auto id = graph_.find(name);
   if (!id || !persistent(graph_.tensor(*id).role))
-    throw Error(POOCH_ERR_INVALID_ARG, fmt::format("no weight or optimizer state named '{}'", name));
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("no weight or optimizer state named '{}'", name));
   std::vector<std::byte> out(graph_.tensor(*id).bytes());
   exec_->read(layout_.device_offset[static_cast<size_t>(*id)], out.data(), out.size());
   return out;
@@ -374,7 +385,8 @@ std::vector<std::byte> Session::read_tensor(std::string_view name) const {
 void Session::write_tensor(std::string_view name, const void* data, size_t bytes) {
   const auto id = graph_.find(name);
   if (!id || !persistent(graph_.tensor(*id).role))
-    throw Error(POOCH_ERR_INVALID_ARG, fmt::format("no weight or optimizer state named '{}'", name));
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("no weight or optimizer state named '{}'", name));
   const TensorDesc& d = graph_.tensor(*id);
   if (bytes != d.bytes())
     throw Error(POOCH_ERR_INVALID_ARG,

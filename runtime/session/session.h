@@ -45,8 +45,8 @@ struct OutOfCoreReport {
   Strategy strategy = Strategy::keep;
   size_t in_core_arena = 0;  // what the train step needs in core
   size_t swapped_bytes = 0, recomputed_bytes = 0;
-  double predicted_seconds = 0;     // the simulator's step time
-  double predicted_in_core = 0;     // the same for the in-core step
+  double predicted_seconds = 0;  // the simulator's step time
+  double predicted_in_core = 0;  // the same for the in-core step
   int plans_tried = 0;
 };
 
@@ -59,8 +59,8 @@ struct CompiledProgram {
 
 class Session {
  public:
-  Session(std::shared_ptr<const Model> model, const SessionConfig& cfg,
-          BackendNote note = nullptr, void* note_user = nullptr);
+  Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, BackendNote note = nullptr,
+          void* note_user = nullptr);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -92,7 +92,9 @@ class Session {
   // must fit the arena the session took. Outputs must be staged tensors.
   int compile(const std::vector<TensorId>& wanted, bool training, bool with_updates);
   void run_compiled(int id);
-  const Schedule& schedule_of(int id) const { return custom_.at(static_cast<size_t>(id))->schedule; }
+  const Schedule& schedule_of(int id) const {
+    return custom_.at(static_cast<size_t>(id))->schedule;
+  }
 
   // Copies an output of the last run that computed it.
   void get_output(std::string_view name, void* data, size_t bytes) const;

@@ -91,9 +91,9 @@ std::shared_ptr<Model> model_from_io(const PoochFile& f, const std::string& text
     auto tensor = [&](const std::string& name) {
       const auto id = m->graph.find(name);
       if (!id)
-        throw Error(POOCH_ERR_BAD_INPUT,
-                    fmt::format("{}: names tensor '{}', which the graph's forward part lacks", src,
-                                name));
+        throw Error(
+            POOCH_ERR_BAD_INPUT,
+            fmt::format("{}: names tensor '{}', which the graph's forward part lacks", src, name));
       return *id;
     };
     auto list = [&](const nlohmann::json& a, std::vector<IoTensor>& out) {

@@ -149,7 +149,7 @@ XmcMetricsResult evaluate(XmcSession& s, const XmcDataset& d, const std::vector<
 }
 
 void train_xmc(XmcSession& xs, const XmcDataset& train_set, const XmcDataset* test_set,
-           const TrainConfig& cfg, TrainerState& st, const TrainCallbacks& cb,
+               const TrainConfig& cfg, TrainerState& st, const TrainCallbacks& cb,
                XmcMetricsResult* last_eval) {
   const ModelSpec& spec = xs.spec();
   const int64_t in_width = train_set.has_dense() ? train_set.dense_dim : train_set.features;
@@ -187,7 +187,8 @@ void train_xmc(XmcSession& xs, const XmcDataset& train_set, const XmcDataset* te
       if (last_eval) *last_eval = m;
       EvalResult r;
       r.score = m.precision_at(3);
-      for (int k = 1; k <= 5; ++k) r.metrics.emplace_back(fmt::format("P@{}", k), m.precision_at(k));
+      for (int k = 1; k <= 5; ++k)
+        r.metrics.emplace_back(fmt::format("P@{}", k), m.precision_at(k));
       return r;
     };
   train(xs.session(), source, eval, cfg, st, cb);

@@ -12,9 +12,9 @@
 
 #include "../../formats/pooch_file.h"
 #include "../../formats/xmc_data.h"
+#include "../session/session.h"
 #include "metrics.h"
 #include "xmc_session.h"
-#include "../session/session.h"
 
 namespace pooch {
 

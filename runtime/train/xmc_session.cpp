@@ -15,8 +15,8 @@ XmcSession::XmcSession(std::shared_ptr<const Model> model, const SessionConfig& 
                        BackendNote note, void* note_user)
     : session_(std::move(model), cfg, note, note_user) {
   if (session_.model().family != "xmc")
-    throw Error(POOCH_ERR_INVALID_ARG,
-                fmt::format("an XMC session needs an xmc model, not '{}'", session_.model().family));
+    throw Error(POOCH_ERR_INVALID_ARG, fmt::format("an XMC session needs an xmc model, not '{}'",
+                                                   session_.model().family));
   spec_ = spec_from_json(session_.model().spec_json, "the model's spec");
 }
 

@@ -76,12 +76,13 @@ void fill_inputs(Session& s, int step) {
       for (size_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(i * 2);  // 2 labels a row
       s.set_input(io.name, v.data(), n * 4);
     } else if (d.dtype == DType::i32) {
-      const int64_t bound = io.index_bound > 0 ? io.index_bound
+      const int64_t bound = io.index_bound > 0       ? io.index_bound
                             : io.name == "batch.idx" ? 400
                                                      : 300;
       std::vector<int32_t> v(n);
       for (size_t i = 0; i < n; ++i)
-        v[i] = static_cast<int32_t>((i * 37 + static_cast<size_t>(step) * 11) % static_cast<size_t>(bound));
+        v[i] = static_cast<int32_t>((i * 37 + static_cast<size_t>(step) * 11) %
+                                    static_cast<size_t>(bound));
       // Labels of one row must be distinct and ascending: 2 a row, far apart.
       if (io.name == "batch.lidx")
         for (size_t i = 0; i + 1 < n; i += 2) {
@@ -91,7 +92,8 @@ void fill_inputs(Session& s, int step) {
       s.set_input(io.name, v.data(), n * 4);
     } else {
       std::vector<float> v(n);
-      for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.1f * static_cast<float>(i) + static_cast<float>(step));
+      for (size_t i = 0; i < n; ++i)
+        v[i] = std::sin(0.1f * static_cast<float>(i) + static_cast<float>(step));
       s.set_input(io.name, v.data(), n * 4);
     }
   }
@@ -105,7 +107,8 @@ std::vector<std::vector<std::byte>> train(Session& s, int steps) {
   std::vector<std::vector<std::byte>> w;
   for (size_t t = 0; t < s.graph().num_tensors(); ++t) {
     const TensorDesc& d = s.graph().tensor(static_cast<TensorId>(t));
-    if (d.role == Role::weight || d.role == Role::optimizer_state) w.push_back(s.read_tensor(d.name));
+    if (d.role == Role::weight || d.role == Role::optimizer_state)
+      w.push_back(s.read_tensor(d.name));
   }
   return w;
 }
@@ -145,10 +148,11 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
       EXPECT_GT(s.out_of_core().swapped_bytes + s.out_of_core().recomputed_bytes, 0u);
       EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
       const OutOfCoreReport& r = s.out_of_core();
-      std::printf("%-8s %-16s arena %8zu of %8zu  swapped %7zu  recomputed %7zu  predicted %.3g s "
-                  "(in core %.3g s)  plans %d\n",
-                  c.name, strategy_name(st), s.memory_plan().peak, in_core_train, r.swapped_bytes,
-                  r.recomputed_bytes, r.predicted_seconds, r.predicted_in_core, r.plans_tried);
+      std::printf(
+          "%-8s %-16s arena %8zu of %8zu  swapped %7zu  recomputed %7zu  predicted %.3g s "
+          "(in core %.3g s)  plans %d\n",
+          c.name, strategy_name(st), s.memory_plan().peak, in_core_train, r.swapped_bytes,
+          r.recomputed_bytes, r.predicted_seconds, r.predicted_in_core, r.plans_tried);
       if (st == Strategy::pooch_greedy) greedy = s.out_of_core().predicted_seconds;
       if (st == Strategy::automatic) automatic = s.out_of_core().predicted_seconds;
     } catch (const Error& e) {

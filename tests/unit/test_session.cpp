@@ -113,7 +113,9 @@ class TableBackend : public Backend {
 };
 
 void noop(const kern::KernelArgs&) {}
-bool only_f64(const kern::KernelArgs& a) { return a.in[0].dtype == DType::f64; }
+bool only_f64(const kern::KernelArgs& a) {
+  return a.in[0].dtype == DType::f64;
+}
 
 TEST(KernelChoice, SupportsAndDeterminismAreAskedAtPlanTime) {
   Graph g;
@@ -245,7 +247,7 @@ TEST(Session, AnMlpClassifierIgnoresPaddingRows) {
   s.get_output("loss", &l10, 4);
   EXPECT_GT(l10, 0.5f);
   EXPECT_LT(l10, 2.0f);  // about log 3 at the start
-  cls[3] = 3;  // no such class
+  cls[3] = 3;            // no such class
   try {
     s.set_input("batch.class", cls.data(), 10 * 4);
     FAIL() << "accepted class 3 of 3";
@@ -271,8 +273,10 @@ TEST(Schedule, ViewsAliasTheirInputAndLaunchNothing) {
   const TensorId h = g.add_op1("relu", {x}, {}, "h");
   const TensorId r = g.add_op1("reshape", {h}, {{"rank", 3}, {"d0", 2}, {"d1", 3}, {"d2", 2}}, "r");
   const TensorId u = g.add_op1("reshape", {r}, {{"rank", 3}, {"d0", 2}, {"d1", 1}, {"d2", 6}}, "u");
-  const TensorId v = g.add_op1("transpose", {u}, {{"p0", 1}, {"p1", 0}, {"p2", 2}}, "v");  // [1,2,6]
-  const TensorId t = g.add_op1("transpose", {r}, {{"p0", 0}, {"p1", 2}, {"p2", 1}}, "t");  // [2,2,3]
+  const TensorId v =
+      g.add_op1("transpose", {u}, {{"p0", 1}, {"p1", 0}, {"p2", 2}}, "v");  // [1,2,6]
+  const TensorId t =
+      g.add_op1("transpose", {r}, {{"p0", 0}, {"p1", 2}, {"p2", 1}}, "t");  // [2,2,3]
   g.mark_output(v);
   g.mark_output(t);
   SessionConfig cfg = cpu_config();
