@@ -288,7 +288,8 @@ int refuse_xmc_flags(const CLI::App* app, Output& out) {
   for (const char* flag :
        {"--train", "--test", "--train-features", "--train-labels", "--test-features",
         "--test-labels", "--fan-in", "--loss", "--warmup-steps", "--plateau-patience",
-        "--plateau-factor", "--propensity", "--checkpoint", "--resume"}) {
+        "--plateau-factor", "--propensity", "--checkpoint", "--resume", "--rewire-every",
+        "--rewire-fraction"}) {
     const CLI::Option* o = app->get_option_no_throw(flag);
     if (!o || o->count() == 0) continue;
     std::string why = "applies to XMC models, not to dense data (--data X.npy --targets Y.npy)";

@@ -173,6 +173,17 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->check(non_negative())
       ->capture_default_str()
       ->group("Training");
+  app->add_option("--rewire-every", f.rewire_every,
+                  "Dynamic sparse training of the fixed fan-in head: rewire every N steps (0: "
+                  "never)")
+      ->check(non_negative())
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--rewire-fraction", f.rewire_fraction,
+                  "The share of each label's connections pruned and regrown at a rewire")
+      ->check(in_range(0, 1, false))
+      ->capture_default_str()
+      ->group("Training");
   app->add_option("--plateau-patience", f.plateau_patience,
                   "Epochs without improvement before the learning rate is reduced (0: never)")
       ->check(non_negative())
@@ -402,6 +413,8 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   pooch_train_default_params(&tp);
   tp.epochs = f.epochs;
   tp.warmup_steps = f.warmup_steps;
+  tp.rewire_every = f.rewire_every;
+  tp.rewire_fraction = static_cast<float>(f.rewire_fraction);
   tp.plateau_factor = f.plateau_factor;
   tp.plateau_patience = f.plateau_patience;
   tp.early_stop_patience = f.early_stop;

@@ -26,6 +26,8 @@ struct TrainFlags {
   std::string optimizer = "adam";
   float weight_decay = 0;
   int64_t warmup_steps = 0;
+  int64_t rewire_every = 0;
+  double rewire_fraction = 0.1;
   int plateau_patience = 2;
   float plateau_factor = 0.5f;
   int early_stop = 4;

@@ -683,6 +683,7 @@ void pooch_train_default_params(pooch_train_params* p) {
   const pooch::TrainConfig d;
   p->epochs = d.epochs;
   p->warmup_steps = d.warmup_steps;
+  p->rewire_fraction = static_cast<float>(d.rewire_fraction);
   p->plateau_factor = static_cast<float>(d.plateau_factor);
   p->plateau_patience = d.plateau_patience;
   p->early_stop_patience = d.early_stop_patience;
@@ -717,6 +718,13 @@ pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const poo
     pooch::TrainConfig c;
     c.epochs = p->epochs;
     c.warmup_steps = p->warmup_steps;
+    if (p->rewire_every < 0 || !(p->rewire_fraction >= 0 && p->rewire_fraction <= 1))
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("pooch_train: rewire_every must be >= 0 and rewire_fraction "
+                                     "in [0, 1]; got {} and {}",
+                                     p->rewire_every, p->rewire_fraction));
+    c.rewire_every = p->rewire_every;
+    c.rewire_fraction = p->rewire_fraction;
     c.plateau_factor = p->plateau_factor;
     c.plateau_patience = p->plateau_patience;
     c.early_stop_patience = p->early_stop_patience;

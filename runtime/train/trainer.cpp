@@ -10,6 +10,7 @@
 
 #include "../core/error.h"
 #include "model_io.h"
+#include "rewire.h"
 
 namespace pooch {
 
@@ -191,7 +192,18 @@ void train_xmc(XmcSession& xs, const XmcDataset& train_set, const XmcDataset* te
         r.metrics.emplace_back(fmt::format("P@{}", k), m.precision_at(k));
       return r;
     };
-  train(xs.session(), source, eval, cfg, st, cb);
+  TrainCallbacks callbacks = cb;
+  if (cfg.rewire_every > 0) {
+    if (!xs.session().graph().find("head.index"))
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  "rewiring needs a fixed fan-in head; this model's output layer is dense");
+    callbacks.after_update = [&](uint64_t step) {
+      if (step % static_cast<uint64_t>(cfg.rewire_every) == 0)
+        rewire_fixed_fan_in(xs.session(), "head.index", "head.weight", cfg.rewire_fraction,
+                            xs.spec().seed, step);
+    };
+  }
+  train(xs.session(), source, eval, cfg, st, callbacks);
 }
 
 void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig& cfg,
@@ -220,6 +232,7 @@ void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig&
         throw;
       }
       st.loss_sum += loss;
+      if (cb.after_update) cb.after_update(s.optimizer_step());
       if (cb.on_step && !cb.on_step(s.optimizer_step(), loss, st.epoch, st.position, batches)) {
         ++st.position;
         checkpoint(s, cfg, st, s.optimizer());

@@ -28,6 +28,11 @@ struct TrainConfig {
   uint64_t data_seed = 1;  // the data order of every epoch derives from it
   double psp_a = 0.55, psp_b = 1.5;
   std::string checkpoint_path;  // written after each epoch and when cancelled ("": never)
+  // Dynamic sparse training of a fixed fan-in head (train_xmc): every this
+  // many steps (0: never) the fraction rewire_fraction of each row's
+  // connections with the smallest |w| is pruned and regrown at random.
+  int64_t rewire_every = 0;
+  double rewire_fraction = 0.1;
 };
 
 // What a checkpoint carries besides the tensors (metadata keys train.*).
@@ -69,6 +74,9 @@ struct TrainCallbacks {
   std::function<bool(uint64_t step, float loss, int64_t epoch, int64_t batch, int64_t batches)>
       on_step;
   std::function<void(const EpochReport&)> on_epoch;
+  // After every optimizer update, before on_step (the XMC adapter rewires
+  // its fixed fan-in head here).
+  std::function<void(uint64_t step)> after_update;
 };
 
 // The rows a session trains on, batch by batch.

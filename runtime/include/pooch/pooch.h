@@ -388,7 +388,14 @@ typedef struct pooch_train_params {
   int (*on_step)(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches);
   void (*on_epoch)(void* user, const pooch_epoch_report* report);
   void* user;
-  uint8_t reserved[64]; /* zero: room for new fields (see the top of this file) */
+  /* Dynamic sparse training of a fixed fan-in head: every rewire_every steps
+   * (0, the default: never) the fraction rewire_fraction of each label's
+   * connections with the smallest |w| is pruned and regrown at random inputs
+   * (fan-in stays exact; regrown weights and their Adam moments start at 0). */
+  int64_t rewire_every;
+  float rewire_fraction;    /* default 0.1 */
+  int reserved_int;
+  uint8_t reserved[48]; /* zero: room for new fields (see the top of this file) */
 } pooch_train_params;
 
 POOCH_API void pooch_train_default_params(pooch_train_params* p);
