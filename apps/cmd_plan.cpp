@@ -103,7 +103,7 @@ int run_plan(PlanOpts& o) {
     std::printf("  out of core     strategy %s (%d plans tried)\n",
                 plan.value("strategy", std::string("?")).c_str(), plan.value("plans_tried", 0));
   else
-    std::printf("  in core         it fits: nothing swapped or recomputed\n");
+    std::printf("  fits in core    nothing swapped or recomputed\n");
   std::printf(
       "  arena           %s%s (weights and optimizer state %s)\n", format_bytes(arena).c_str(),
       budget > 0 ? (", " + fmt_double("%.0f", 100 * arena / budget) + "% of the budget").c_str()

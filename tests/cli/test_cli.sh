@@ -213,7 +213,7 @@ if head -c 100 step.svg | grep -Eq '^(<svg|<\?xml)'; then pass plan-svg; else fa
 contains plan-svg-lanes step.svg 'host → device'
 ls step.svg.tmp-* > /dev/null 2>&1 && fail plan-svg-no-temporary || pass plan-svg-no-temporary
 expect plan-in-core 0 "$RUN" plan --model incore.pooch "${T[@]}"
-contains plan-in-core-fits plan-in-core.out 'it fits'
+contains plan-in-core-fits plan-in-core.out '^  fits in core'
 expect plan-too-small 3 "$RUN" plan --model incore.pooch --device-memory 4K "${T[@]}"
 contains plan-too-small-advice plan-too-small.err 'raise --device-memory to at least [0-9]+ MiB'
 expect plan-no-model 1 "$RUN" plan --device-memory 1M "${T[@]}"
