@@ -99,7 +99,10 @@ std::string plan_svg(const Json& plan, const std::string& title) {
     return i >= 0 && i < int(row.size()) ? row[size_t(i)].get<double>() : 0.0;
   };
 
-  double y_max = std::max({budget, arena, persistent, 1.0});
+  // A budget far above the arena (the whole device, no --device-memory) would
+  // flatten the chart: it is drawn only when it is within twice the arena.
+  const bool show_budget = budget > 0 && budget <= 2 * arena;
+  double y_max = std::max({show_budget ? budget : 0.0, arena, persistent, 1.0});
   for (const Json& row : occ) y_max = std::max(y_max, persistent + at(row, f_top));
   y_max *= 1.05;
   auto X = [&](double t) { return kLeft + kPlotW * std::clamp(t / step, 0.0, 1.0); };
@@ -190,7 +193,7 @@ std::string plan_svg(const Json& plan, const std::string& title) {
          "\" text-anchor=\"end\" fill=\"" + color + "\">" + escape(label) + "</text>\n";
   };
   char lab[96];
-  if (budget > 0) {
+  if (show_budget) {
     std::snprintf(lab, sizeof lab, "budget %.2f MiB", budget / 1048576.0);
     hline(budget, "#d62728", "6,4", lab);
   }
