@@ -12,5 +12,7 @@ Command add_eval(CLI::App& app);
 Command add_predict(CLI::App& app);
 Command add_info(CLI::App& app);
 Command add_demo(CLI::App& app);
+Command add_plan(CLI::App& app);
+Command add_profile(CLI::App& app);
 
 }  // namespace cli

@@ -526,6 +526,43 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
   return by_signal ? kInterrupted : kOk;
 }
 
+int run_dense_profile(const std::string& model_path, const ModelFlags& mf, const TrainFlags& tf,
+                      const std::string& x_path, const std::string& y_path, const DeviceFlags& dev,
+                      Output& out, const std::function<int(pooch_session*)>& profile) {
+  if (x_path.empty() || y_path.empty())
+    return out.fail(kUsage, "a dense model is profiled on --data X.npy --targets Y.npy");
+  DenseData d;
+  if (int rc = load_dense(x_path, "--data", y_path, "--targets", false, d, out)) return rc;
+  ModelHandle model;
+  std::string name = "the model";
+  if (!model_path.empty()) {
+    if (pooch_status st = pooch_model_load(model_path.c_str(), &model.p))
+      return out.fail(st, "--model " + model_path);
+    if (tf.batch > 0)
+      if (pooch_status st = pooch_model_set_run_shape(model.p, tf.batch, 0, 0))
+        return out.fail(st, "--batch");
+    name = model_path;
+  } else if (int rc = make_dense_model(mf, tf, d, model, out)) {
+    return rc;
+  }
+  const DenseIo io = dense_io(model.p);
+  if (!io.x || !io.loss)
+    return out.fail(kBadInput, name + ": a " + pooch_model_family(model.p) +
+                                   " model without batch.x and loss cannot train on dense rows");
+  if (int rc = check_width(io, d, name, out)) return rc;
+  if (int rc = check_targets(io, d, name, out)) return rc;
+  SessionHandle s;
+  if (int rc = open_session(model.p, dev, s, out)) return rc;
+  std::vector<int64_t> rows(static_cast<size_t>(std::min(d.rows, io.rows)));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  Batches b(s.p, d, io);
+  if (pooch_status st = b.stage(rows.data(), static_cast<int64_t>(rows.size()), true))
+    return out.fail(st, "setting the inputs");
+  float loss = 0;
+  if (pooch_status st = b.run(POOCH_PROGRAM_TRAIN_STEP, &loss)) return out.fail(st, "warm-up step");
+  return profile(s.p);
+}
+
 int run_dense_eval(pooch_model* model, const std::string& model_path, const std::string& x_path,
                    const std::string& y_path, int64_t batch, const DeviceFlags& dev, Output& out) {
   if (x_path.empty() || y_path.empty())

@@ -4,6 +4,7 @@
 // C API (pooch_session_set_input / pooch_session_run /
 // pooch_session_get_output). The XMC commands are untouched by this.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,14 @@ int run_dense_eval(pooch_model* model, const std::string& model_path, const std:
 int run_dense_predict(pooch_model* model, const std::string& model_path, const std::string& x_path,
                       const std::string& out_path, int64_t batch, const DeviceFlags& dev,
                       Output& out);
+
+// pooch-run profile --data X.npy --targets Y.npy (--model M or --spec S):
+// loads the rows, makes or loads the model (`model` empty: from `mf`), opens
+// a training session where `dev` says, sets the first batch of rows and runs
+// one warm-up step, then hands the session to `profile`. Exit code.
+int run_dense_profile(const std::string& model_path, const ModelFlags& mf, const TrainFlags& tf,
+                      const std::string& x_path, const std::string& y_path, const DeviceFlags& dev,
+                      Output& out, const std::function<int(pooch_session*)>& profile);
 
 // True for a path ending in ".npy".
 bool is_npy_path(const std::string& path);

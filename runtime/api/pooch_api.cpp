@@ -18,6 +18,7 @@
 #include "../../formats/xmc_text.h"
 #include "../backend/cpu/cpu_backend.h"
 #include "../core/error.h"
+#include "../core/op_registry.h"
 #include "../models/build.h"
 #include "../train/model_io.h"
 #include "../train/trainer.h"
@@ -377,6 +378,186 @@ pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* o
     out->out_of_core = r.active ? 1 : 0;
     out->strategy = static_cast<int>(r.strategy);
   });
+}
+
+namespace {
+
+char* json_copy(const nlohmann::ordered_json& doc) {
+  const std::string text = doc.dump();
+  char* buf = static_cast<char*>(std::malloc(text.size() + 1));
+  if (!buf) throw std::bad_alloc();
+  std::memcpy(buf, text.c_str(), text.size() + 1);
+  return buf;
+}
+
+const pooch::Schedule& train_schedule(const pooch::Session& s) {
+  const pooch::Schedule* sc = s.schedule(pooch::ProgramKind::train_step);
+  if (!sc)
+    throw pooch::Error(POOCH_ERR_UNSUPPORTED,
+                       "this session has no train step (the model has no loss, or it was "
+                       "created for inference)");
+  return *sc;
+}
+
+const char* stream_name(pooch::Stream st) {
+  switch (st) {
+    case pooch::Stream::compute:
+      return "compute";
+    case pooch::Stream::h2d:
+      return "h2d";
+    case pooch::Stream::d2h:
+      return "d2h";
+  }
+  return "?";
+}
+
+const char* step_kind_name(pooch::StepKind k) {
+  switch (k) {
+    case pooch::StepKind::launch:
+      return "launch";
+    case pooch::StepKind::copy_in:
+      return "copy_in";
+    case pooch::StepKind::copy_out:
+      return "copy_out";
+    case pooch::StepKind::record:
+      return "record";
+    case pooch::StepKind::wait:
+      return "wait";
+  }
+  return "?";
+}
+
+// Keys in the order the header documents them.
+nlohmann::ordered_json plan_json(const pooch::Session& ss) {
+  using json = nlohmann::ordered_json;
+  const pooch::Schedule& sc = train_schedule(ss);
+  const pooch::Graph& g = ss.graph();
+  const pooch::OutOfCoreReport& r = ss.out_of_core();
+  const pooch::Profile& prof = ss.profile();
+  const pooch::Simulation sim = pooch::simulate(sc, prof);
+  const std::vector<pooch::StepTiming> tl = pooch::simulate_timeline(sc, prof);
+  const size_t persistent = sc.arena_bytes - sc.transient.peak;
+  json doc{{"backend", ss.backend_name()},
+           {"strategy", pooch::strategy_name(r.strategy)},
+           {"out_of_core", r.active},
+           {"profile", ss.profile_measured() ? "measured" : "estimated"},
+           {"budget", ss.budget()},
+           {"in_core_arena", r.in_core_arena},
+           {"arena", sc.arena_bytes},
+           {"arena_taken", ss.memory_plan().peak},
+           {"persistent_bytes", persistent},
+           {"host_pool", ss.host_pool_bytes()},
+           {"host_bytes", sc.host_bytes},
+           {"predicted_seconds", sim.seconds},
+           {"predicted_in_core_seconds", r.predicted_in_core},
+           {"compute_seconds", sim.compute_seconds},
+           {"swapped_bytes", sc.swapped_bytes},
+           {"recomputed_bytes", sc.recomputed_bytes},
+           {"plans_tried", r.plans_tried}};
+  json acts = json::array();
+  for (const pooch::SavedActivation& sa : pooch::saved_activations(g, ss.train_request())) {
+    const auto t = static_cast<size_t>(sa.tensor);
+    const pooch::Residency d = t < sc.residency.size() ? sc.residency[t] : pooch::Residency::keep;
+    acts.push_back({{"name", g.tensor(sa.tensor).name},
+                    {"bytes", sa.bytes},
+                    {"decision", pooch::residency_name(d)},
+                    {"producer", sa.producer},
+                    {"last_forward", sa.last_forward},
+                    {"first_backward", sa.first_backward},
+                    {"recomputable", sa.recomputable}});
+  }
+  doc["activations"] = std::move(acts);
+  doc["step_fields"] = {"kind", "stream", "name", "bytes", "start", "end"};
+  json steps = json::array();
+  std::vector<double> slot_start(sc.launches.size(), 0), slot_end(sc.launches.size(), 0);
+  std::vector<char> launched(g.nodes().size(), 0);
+  for (size_t i = 0; i < sc.steps.size(); ++i) {
+    const pooch::ScheduleStep& st = sc.steps[i];
+    const auto idx = static_cast<size_t>(st.index);
+    std::string name;
+    const char* kind = step_kind_name(st.kind);
+    size_t bytes = 0;
+    switch (st.kind) {
+      case pooch::StepKind::launch: {
+        const pooch::Launch& l = sc.launches[idx];
+        const pooch::Node& nd = g.nodes()[static_cast<size_t>(l.node)];
+        name = nd.op;
+        if (launched[static_cast<size_t>(l.node)]) kind = "recompute";  // its second launch
+        launched[static_cast<size_t>(l.node)] = 1;
+        for (pooch::TensorId y : nd.outputs) bytes += g.tensor(y).bytes();
+        slot_start[idx] = tl[i].start;
+        slot_end[idx] = tl[i].end;
+        break;
+      }
+      case pooch::StepKind::copy_in:
+      case pooch::StepKind::copy_out:
+        name = g.tensor(sc.copies[idx].tensor).name;
+        bytes = sc.copies[idx].bytes;
+        break;
+      case pooch::StepKind::record:
+      case pooch::StepKind::wait:
+        name = "event " + std::to_string(st.index);
+        break;
+    }
+    steps.push_back({kind, stream_name(st.stream), name, bytes, tl[i].start, tl[i].end});
+  }
+  doc["steps"] = std::move(steps);
+  doc["occupancy_fields"] = {"start",      "end",      "input",     "activation", "swapped",
+                             "recomputed", "gradient", "workspace", "total",      "top"};
+  json occ = json::array();
+  const std::vector<pooch::SlotOccupancy> o = pooch::transient_occupancy(g, sc);
+  for (size_t i = 0; i < o.size(); ++i)
+    occ.push_back({slot_start[i], slot_end[i], o[i].input, o[i].activation, o[i].swapped,
+                   o[i].recomputed, o[i].gradient, o[i].workspace, o[i].total(), o[i].top});
+  doc["occupancy"] = std::move(occ);
+  return doc;
+}
+
+nlohmann::ordered_json profile_json(pooch::Session& ss) {
+  using json = nlohmann::ordered_json;
+  ss.run_profiled_train_step();
+  const pooch::Schedule& sc = train_schedule(ss);
+  const pooch::Graph& g = ss.graph();
+  const pooch::Profile& prof = ss.profile();
+  std::vector<char> seen(g.nodes().size(), 0);
+  json ops = json::array();
+  double total = 0;
+  for (const pooch::Launch& l : sc.launches) {
+    const auto n = static_cast<size_t>(l.node);
+    if (seen[n]) continue;  // a recompute launch: measured once
+    seen[n] = 1;
+    const pooch::Node& nd = g.nodes()[n];
+    std::vector<const pooch::TensorDesc*> in, out;
+    for (pooch::TensorId x : nd.inputs) in.push_back(&g.tensor(x));
+    for (pooch::TensorId y : nd.outputs) out.push_back(&g.tensor(y));
+    const pooch::OpDef& def = pooch::op_registry().get(nd.op);
+    const double flops = def.flops ? def.flops(in, out, nd.attrs) : 0;
+    const double secs = prof.node_seconds[n];
+    total += secs;
+    ops.push_back({{"op", nd.op},
+                   {"node", l.node},
+                   {"seconds", secs},
+                   {"flops", flops},
+                   {"bytes", pooch::op_bytes(in, out)},
+                   {"gflops", secs > 0 ? flops / secs * 1e-9 : 0.0}});
+  }
+  return json{{"seconds", total}, {"step", ss.optimizer_step()}, {"ops", std::move(ops)}};
+}
+
+}  // namespace
+
+pooch_status pooch_session_plan_json(const pooch_session* s, char** json_out) {
+  POOCH_REQUIRE_ARG(s && json_out,
+                    "pooch_session_plan_json: session and json_out must not be NULL");
+  *json_out = nullptr;
+  return guarded([&] { *json_out = json_copy(plan_json(s->session())); });
+}
+
+pooch_status pooch_session_profile_json(pooch_session* s, char** json_out) {
+  POOCH_REQUIRE_ARG(s && json_out,
+                    "pooch_session_profile_json: session and json_out must not be NULL");
+  *json_out = nullptr;
+  return guarded([&] { *json_out = json_copy(profile_json(s->session())); });
 }
 
 pooch_status pooch_session_read_tensor(const pooch_session* s, const char* name, void* dst,

@@ -88,38 +88,103 @@ Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
   return p;
 }
 
-Simulation simulate(const Schedule& s, const Profile& p) {
+std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
   double t[kNumStreams] = {0, 0, 0};
   std::vector<double> event(static_cast<size_t>(s.events), 0);
-  Simulation sim;
-  for (const ScheduleStep& st : s.steps) {
+  std::vector<StepTiming> out(s.steps.size());
+  for (size_t i = 0; i < s.steps.size(); ++i) {
+    const ScheduleStep& st = s.steps[i];
     double& now = t[static_cast<int>(st.stream)];
     switch (st.kind) {
-      case StepKind::launch: {
-        const double d =
-            p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
-        now += d;
-        sim.compute_seconds += d;
+      case StepKind::launch:
+        out[i].start = now;
+        now += p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
         break;
-      }
       case StepKind::copy_in:
       case StepKind::copy_out: {
         const double bw =
             st.kind == StepKind::copy_in ? p.link.h2d_bandwidth : p.link.d2h_bandwidth;
+        out[i].start = now;
         now += p.link.latency +
                static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes) / bw;
         break;
       }
       case StepKind::record:
         event[static_cast<size_t>(st.index)] = now;
+        out[i].start = now;
         break;
       case StepKind::wait:
         now = std::max(now, event[static_cast<size_t>(st.index)]);
+        out[i].start = now;
         break;
     }
+    out[i].end = now;
   }
-  sim.seconds = std::max({t[0], t[1], t[2]});
+  return out;
+}
+
+Simulation simulate(const Schedule& s, const Profile& p) {
+  const std::vector<StepTiming> timeline = simulate_timeline(s, p);
+  Simulation sim;
+  for (size_t i = 0; i < s.steps.size(); ++i) {
+    const ScheduleStep& st = s.steps[i];
+    if (st.kind == StepKind::launch)
+      sim.compute_seconds +=
+          p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
+    // A stream's time never goes back: the latest end is the latest stream.
+    sim.seconds = std::max(sim.seconds, timeline[i].end);
+  }
   return sim;
+}
+
+std::vector<SlotOccupancy> transient_occupancy(const Graph& g, const Schedule& s) {
+  const size_t n_slots = s.launches.size();
+  std::vector<SlotOccupancy> occ(n_slots);
+  const auto& reqs = s.transient_requests;
+  std::vector<char> seen(g.num_tensors(), 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const BufferRequest& r = reqs[i];
+    const TensorId t = i < s.transient_tensor.size() ? s.transient_tensor[i] : kNoTensor;
+    // A tensor's second request is the one that brings it back.
+    const bool back = t != kNoTensor && seen[static_cast<size_t>(t)];
+    if (t != kNoTensor) seen[static_cast<size_t>(t)] = 1;
+    if (r.bytes == 0 || n_slots == 0) continue;
+    const size_t first = static_cast<size_t>(std::max(0, r.first));
+    const size_t last =
+        r.last == kLiveForever ? n_slots - 1 : std::min(n_slots - 1, static_cast<size_t>(r.last));
+    const size_t offset = s.transient.offsets[i];
+    for (size_t sl = first; sl <= last; ++sl) {
+      SlotOccupancy& o = occ[sl];
+      o.top = std::max(o.top, offset + r.bytes);
+      // Written in place over a buffer that dies at this slot: counted there once.
+      if (r.inplace_of >= 0 && sl == first) {
+        const BufferRequest& x = reqs[static_cast<size_t>(r.inplace_of)];
+        if (s.transient.offsets[static_cast<size_t>(r.inplace_of)] == offset && x.last == r.first &&
+            x.bytes >= r.bytes)
+          continue;
+      }
+      if (t == kNoTensor) {
+        o.workspace += r.bytes;
+        continue;
+      }
+      switch (g.tensor(t).role) {
+        case Role::input:
+          o.input += r.bytes;
+          break;
+        case Role::gradient:
+          o.gradient += r.bytes;
+          break;
+        default:
+          if (back && s.residency[static_cast<size_t>(t)] == Residency::swap)
+            o.swapped += r.bytes;
+          else if (back && s.residency[static_cast<size_t>(t)] == Residency::recompute)
+            o.recomputed += r.bytes;
+          else
+            o.activation += r.bytes;
+      }
+    }
+  }
+  return occ;
 }
 
 namespace {

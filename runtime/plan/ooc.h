@@ -49,8 +49,33 @@ struct Simulation {
   double compute_seconds = 0;  // launches alone
   double stall_seconds() const { return seconds - compute_seconds; }
 };
-// Replays the schedule's steps on three timelines with their event waits.
+// Replays the schedule's steps on three timelines with their event waits
+// (simulate_timeline), and sums them up.
 Simulation simulate(const Schedule& s, const Profile& p);
+
+// When each step runs in the simulator, in seconds from the step's start
+// (one per Schedule::steps entry): a launch or a copy from the moment its
+// stream reaches it to that plus its time; a record or a wait takes none
+// (start == end: the event's time, or the time the wait lets its stream on).
+struct StepTiming {
+  double start = 0, end = 0;
+};
+std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p);
+
+// The transient region's bytes live while each launch slot runs (slot i runs
+// s.launches[i]), by what they hold. A buffer that takes an input's place in
+// place counts once.
+struct SlotOccupancy {
+  size_t input = 0;       // the program's inputs (copied in)
+  size_t activation = 0;  // activations on the device (kept, or before their swap or drop)
+  size_t swapped = 0;     // swapped activations back on the device (prefetched)
+  size_t recomputed = 0;  // recomputed activations
+  size_t gradient = 0;
+  size_t workspace = 0;  // kernels' scratch
+  size_t top = 0;        // the highest byte in use above the region's start
+  size_t total() const { return input + activation + swapped + recomputed + gradient + workspace; }
+};
+std::vector<SlotOccupancy> transient_occupancy(const Graph& g, const Schedule& s);
 
 struct OocPlan {
   Schedule schedule;

@@ -382,6 +382,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       r.last = iv->last == kLiveForever ? kLiveForever : std::max(iv->first, iv->last);
       iv->request = static_cast<int>(reqs.size());
       reqs.push_back(r);
+      s.transient_tensor.push_back(static_cast<TensorId>(t));
     }
     if (s.residency[t] == Residency::swap) s.swapped_bytes += d.bytes();
     if (s.residency[t] == Residency::recompute) s.recomputed_bytes += d.bytes();
@@ -437,6 +438,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     ws_req.push_back(static_cast<int>(reqs.size()));
     reqs.push_back({a.workspace_bytes, sl, sl, Role::activation, -1,
                     fmt::format("workspace of node {} ({})", ni, nd.op)});
+    s.transient_tensor.push_back(kNoTensor);
     s.launches.push_back(l);
   }
 
@@ -534,6 +536,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       s.steps.push_back({StepKind::record, Stream::d2h, out_done[t]});
     }
   }
+  s.transient_requests = std::move(reqs);
   s.copied_out = req.outputs;
   if (!s.copied_out.empty()) {
     const int e = s.add_event();

@@ -71,6 +71,11 @@ struct Schedule {
   // The program's own buffers (activations, gradients, inputs, workspaces),
   // planned above the session's persistent region.
   ArenaPlan transient;
+  // Its requests (transient.offsets[i] places request i): each a live
+  // interval over launch slots (slot i runs launches[i]), for occupancy
+  // reports; and the tensor each holds (kNoTensor: a launch's workspace).
+  std::vector<BufferRequest> transient_requests;
+  std::vector<TensorId> transient_tensor;
   size_t arena_bytes = 0;  // persistent region + transient peak
   // The host pool it needs: the session's staging slots plus its swap slots.
   size_t host_bytes = 0;

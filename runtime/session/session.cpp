@@ -105,14 +105,14 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       ooc_.in_core_arena = p->schedule.arena_bytes;
       ooc_.predicted_in_core = simulate(p->schedule, profile_).seconds;
       ooc_.predicted_seconds = ooc_.predicted_in_core;
+      // The forward part ends at the node that makes the loss.
+      for (size_t i = 0; i < rq.nodes.size(); ++i)
+        for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
+          if (o == m.losses[0]) rq.split = static_cast<int>(i);
+      train_request_ = rq;
       if (budget_ && p->schedule.arena_bytes > budget_ && cfg.strategy != Strategy::keep) {
-        // The forward part ends at the node that makes the loss.
-        for (size_t i = 0; i < rq.nodes.size(); ++i)
-          for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
-            if (o == m.losses[0]) rq.split = static_cast<int>(i);
-        train_request_ = rq;
-        OocPlan op =
-            plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_, profile_);
+        OocPlan op = plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_,
+                                      profile_);
         p->schedule = std::move(op.schedule);
         ooc_.active = true;
         ooc_.strategy = op.strategy;

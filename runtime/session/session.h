@@ -122,6 +122,9 @@ class Session {
   const Schedule* schedule(ProgramKind p) const;
   const OutOfCoreReport& out_of_core() const { return ooc_; }
   const Profile& profile() const { return profile_; }
+  // The train step as the planner sees it (its nodes and split), for reports:
+  // saved_activations(graph(), train_request()).
+  const ProgramRequest& train_request() const { return train_request_; }
 
  private:
   TensorId staged_tensor(std::string_view name, bool input) const;
@@ -140,7 +143,7 @@ class Session {
   OutOfCoreReport ooc_;
   Profile profile_;
   bool profile_measured_ = false;
-  ProgramRequest train_request_;  // kept for planning again from a measured profile
+  ProgramRequest train_request_;  // kept for planning again from a measured profile and reports
   size_t budget_ = 0;
   int64_t rows_ = -1;  // rows of the last batch input set (-1: none yet: every row counts)
   std::atomic<bool> cancel_{false};

@@ -40,7 +40,7 @@ T=(--threads 1 --device cpu)
 
 # --- help and usage ---------------------------------------------------------
 expect help 0 "$RUN" --help
-for c in demo synth train finetune eval predict info; do
+for c in demo synth train finetune eval predict info plan profile; do
   expect "help-$c" 0 "$RUN" "$c" --help
 done
 expect bad-flag 1 "$RUN" train --no-such-flag
@@ -188,6 +188,40 @@ expect ooc-train 0 "$RUN" train --data data --epochs 2 --out ooc.pooch --device-
 contains ooc-active ooc-train.out '"out_of_core":true'
 cmp -s incore.pooch ooc.pooch && pass ooc-bit-identical || fail ooc-bit-identical
 expect ooc-bad-strategy 1 "$RUN" train --data data --strategy sometimes --out x.pooch "${T[@]}"
+
+# --- plan and profile ------------------------------------------------------------
+# The in-core arena of the model's step and its weights and optimizer state
+# (from info's plan), and a budget below the arena: the plan goes out of core.
+expect plan-info 0 "$RUN" info incore.pooch --no-ops --json
+P_IN=$(json_last plan-info.out | grep -Eo '"arena_bytes":[0-9]+' | head -n 1 | cut -d: -f2)
+P_W=0
+for b in $(json_last plan-info.out | grep -Eo '"(weight|optimizer)_bytes":[0-9]+' | cut -d: -f2); do
+  P_W=$((P_W + b))
+done
+P_BUDGET=$(( P_W + (P_IN - P_W) * 9 / 10 ))
+expect plan 0 "$RUN" plan --model incore.pooch --device-memory "$P_BUDGET" --svg step.svg --json "${T[@]}"
+contains plan-out-of-core plan.out '^  out of core +strategy [a-z-]+'
+contains plan-decisions plan.out 'saved activations [0-9]+: keep .*(swap [1-9]|recompute [1-9])'
+contains plan-table plan.out '^  activation +bytes +decision'
+contains plan-table-row plan.out ' (swap|recompute) +[0-9]+ +[0-9]+ +[0-9]+$'
+contains plan-json plan.out '^\{"command":"plan".*"plan":\{.*"out_of_core":true'
+for k in strategy in_core_arena arena host_pool predicted_seconds predicted_in_core_seconds \
+  activations decision producer first_backward steps occupancy; do
+  contains "plan-json-$k" plan.out "\"$k\":"
+done
+if head -c 100 step.svg | grep -Eq '^(<svg|<\?xml)'; then pass plan-svg; else fail plan-svg; fi
+contains plan-svg-lanes step.svg 'host → device'
+ls step.svg.tmp-* > /dev/null 2>&1 && fail plan-svg-no-temporary || pass plan-svg-no-temporary
+expect plan-in-core 0 "$RUN" plan --model incore.pooch "${T[@]}"
+contains plan-in-core-fits plan-in-core.out '^  fits in core'
+expect plan-too-small 3 "$RUN" plan --model incore.pooch --device-memory 4K "${T[@]}"
+contains plan-too-small-advice plan-too-small.err 'raise --device-memory to at least [0-9]+ MiB'
+expect plan-no-model 1 "$RUN" plan --device-memory 1M "${T[@]}"
+expect plan-svg-no-dir 2 "$RUN" plan --model incore.pooch --svg no-such-dir/s.svg "${T[@]}"
+expect profile 0 "$RUN" profile --model incore.pooch --data data --json "${T[@]}"
+contains profile-header profile.out '^  op +calls +ms +GFLOP/s'
+contains profile-linear profile.out '^  [a-z_]*linear +[0-9]+ +[0-9.]+ '
+contains profile-json profile.out '"profile":\{.*"ops":\[\{"op":'
 "$RUN" train --data data --epochs 1 --device cuda --out cuda.pooch --threads 1 > cuda.out 2> cuda.err
 rc=$?
 if [ $rc = 0 ]; then
@@ -263,6 +297,8 @@ fi
 less_than_half "$(epoch_field train-cls.out 1 4)" "$(epoch_field train-cls.out 10 4)" &&
   pass train-cls-loss-falls || fail train-cls-loss-falls
 
+expect profile-mlp 0 "$RUN" profile --model mlp.pooch --data reg/X.npy --targets reg/Y.npy "${T[@]}"
+contains profile-mlp-linear profile-mlp.out '^  linear +[0-9]+ '
 expect info-mlp 0 "$RUN" info mlp.pooch --no-ops
 contains info-mlp-family info-mlp.out '^model: mlp, 290 parameters'
 contains info-mlp-input info-mlp.out '^    batch\.x +f32 +\[batch×6\] +batch 32'

@@ -171,3 +171,55 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
 INSTANTIATE_TEST_SUITE_P(Models, OutOfCore, ::testing::Values(0, 1, 2));
 
 }  // namespace
+
+namespace {
+
+// The timeline and the occupancy a plan report draws: one replay (simulate
+// sums simulate_timeline), and the bytes per launch slot within the placement.
+TEST(OutOfCoreReport, TimelineAndOccupancyAgreeWithTheSimulatorAndThePlacement) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 1;
+  Session in_core(build(norm_spec()), cfg);
+  const size_t in_core_train = in_core.out_of_core().in_core_arena;
+  size_t persistent = 0;
+  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
+    persistent += in_core.memory_plan().bytes_by_role[r];
+  for (size_t budget : {size_t{0}, persistent + (in_core_train - persistent) * 3 / 4}) {
+    SessionConfig oc = cfg;
+    oc.device_memory = budget;
+    Session s(build(norm_spec()), oc);
+    const Schedule& sc = *s.schedule(ProgramKind::train_step);
+    const std::vector<StepTiming> tl = simulate_timeline(sc, s.profile());
+    ASSERT_EQ(tl.size(), sc.steps.size());
+    double latest = 0, compute_end = 0;
+    for (size_t i = 0; i < tl.size(); ++i) {
+      EXPECT_LE(tl[i].start, tl[i].end);
+      latest = std::max(latest, tl[i].end);
+      if (sc.steps[i].kind == StepKind::launch) {
+        EXPECT_GE(tl[i].start, compute_end);  // one stream: launches never overlap
+        compute_end = tl[i].end;
+      }
+    }
+    const Simulation sim = simulate(sc, s.profile());
+    EXPECT_EQ(sim.seconds, latest);
+    EXPECT_EQ(sim.seconds, s.out_of_core().predicted_seconds);
+
+    const std::vector<SlotOccupancy> occ = transient_occupancy(s.graph(), sc);
+    ASSERT_EQ(occ.size(), sc.launches.size());
+    ASSERT_EQ(sc.transient_requests.size(), sc.transient.offsets.size());
+    size_t top = 0, most = 0, back = 0;
+    for (const SlotOccupancy& o : occ) {
+      EXPECT_LE(o.total(), o.top);
+      top = std::max(top, o.top);
+      most = std::max(most, o.total());
+      back += o.swapped + o.recomputed;
+    }
+    EXPECT_LE(top, sc.transient.peak);
+    EXPECT_LE(most, sc.transient.live_peak);
+    EXPECT_GT(most, 0u);
+    EXPECT_EQ(back > 0, s.out_of_core().active) << "budget " << budget;
+  }
+}
+
+}  // namespace

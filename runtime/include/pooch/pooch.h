@@ -285,6 +285,38 @@ typedef struct pooch_memory_report {
 
 POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* out);
 
+/* The train step's plan as one JSON document (docs/PLANNER.md); free it with
+ * pooch_string_free. Keys: "backend", "strategy" (the one the plan came
+ * from), "out_of_core", "profile" ("estimated" or "measured"), "budget",
+ * "in_core_arena", "arena" (what the step needs), "arena_taken",
+ * "persistent_bytes", "host_pool" (taken), "host_bytes" (what the step
+ * needs), "predicted_seconds", "predicted_in_core_seconds",
+ * "compute_seconds", "swapped_bytes", "recomputed_bytes", "plans_tried";
+ * "activations": every activation saved for the backward pass as {"name",
+ * "bytes", "decision" ("keep", "swap", "recompute"), "producer",
+ * "last_forward", "first_backward" (positions in the program),
+ * "recomputable"}; "steps": one array per step in the order of
+ * "step_fields": kind ("launch", "recompute" (a node's second launch),
+ * "copy_in", "copy_out", "record", "wait"), stream ("compute", "d2h",
+ * "h2d"), the op or the tensor copied, bytes (written or copied), simulated
+ * start and end in seconds; "occupancy": per launch slot, an array in the
+ * order of "occupancy_fields": the slot's simulated start and end, the
+ * transient region's live bytes (it starts at "persistent_bytes") by kind:
+ * input, activation, swapped (back on the device), recomputed, gradient,
+ * workspace, their total, and the highest byte in use ("top"). Fails with
+ * POOCH_ERR_UNSUPPORTED for a session without a train step. */
+POOCH_API pooch_status pooch_session_plan_json(const pooch_session* s, char** json_out);
+
+/* Profiles the train step: runs ONE REAL TRAINING STEP (the weights and the
+ * optimizer state are updated) on the inputs set last, a launch at a time,
+ * each launch and copy timed; the step is then planned again from the
+ * measured times (pooch_session_plan_json shows the new plan). Returns JSON
+ * (free with pooch_string_free): "seconds" (the launches' sum), "step" (the
+ * optimizer step counter after it), "ops": per graph node the step launches,
+ * {"op", "node", "seconds", "flops", "bytes", "gflops"} (FLOPs and the bytes
+ * the op reads and writes as the op registry counts them; achieved GFLOP/s). */
+POOCH_API pooch_status pooch_session_profile_json(pooch_session* s, char** json_out);
+
 /* Writes the session's model (spec and weights) to `path`, atomically. */
 POOCH_API pooch_status pooch_session_save(const pooch_session* s, const char* path);
 
