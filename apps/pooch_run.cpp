@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -13,24 +14,49 @@
 
 namespace {
 
-// OpenBLAS starts a pool of worker threads when it is loaded, before main
-// runs, sized by the cores unless OPENBLAS_NUM_THREADS says otherwise; each
-// worker maps a buffer as it starts, and under a low address-space limit
-// (ulimit -v) one that cannot spins for ever. pooch sets the count each
-// session runs (--threads) and OpenBLAS grows its pool to that on demand, so
-// this process starts with none: it runs itself again, once, with the
-// variable set. A count the user set is left as it is.
-void start_without_blas_pool(char** argv) {
-  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return;
-  if (::setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
+// Settings the libraries pooch calls read once, when they are loaded, so
+// this process runs itself again, once, with them in its environment. A
+// value the user set is left as it is.
+//
+// OPENBLAS_NUM_THREADS=1: OpenBLAS starts a pool of worker threads when it
+// is loaded, before main runs, sized by the cores; each worker maps a buffer
+// as it starts, and under a low address-space limit (ulimit -v) one that
+// cannot spins for ever. pooch sets the count each session runs (--threads)
+// and OpenBLAS grows its pool to that on demand, so this process starts with
+// none.
+//
+// No spinning: OpenMP's (libgomp's) threads busy-wait about 3 ms for the
+// next parallel region by default, and OpenBLAS's about 0.1 s (2^28 cycles)
+// for the next call, before they sleep. On a loaded machine those spins take
+// the cores the other threads of the step need; in an idle process they burn
+// CPU for nothing. OMP_WAIT_POLICY=passive and OPENBLAS_THREAD_TIMEOUT=4
+// (2^4 cycles) make both sleep at once (docs/BENCHMARKS.md, "Idle CPU").
+// The library cannot set these for a host program: libgomp and OpenBLAS read
+// them before any pooch code runs (docs/RELIABILITY.md).
+void start_with_library_settings(char** argv) {
+  static const char* const settings[][2] = {
+      {"OPENBLAS_NUM_THREADS", "1"},
+      {"OMP_WAIT_POLICY", "passive"},
+      {"OPENBLAS_THREAD_TIMEOUT", "4"},
+  };
+  bool set[std::size(settings)] = {};
+  bool changed = false;
+  for (size_t i = 0; i < std::size(settings); ++i)
+    if (std::getenv(settings[i][0]) == nullptr) {
+      set[i] = ::setenv(settings[i][0], settings[i][1], 1) == 0;
+      changed = changed || set[i];
+    }
+  if (!changed) return;
   ::execv("/proc/self/exe", argv);
-  ::unsetenv("OPENBLAS_NUM_THREADS");  // no /proc: go on with the pool
+  // No /proc: go on as loaded (the settings would not reach the libraries now).
+  for (size_t i = 0; i < std::size(settings); ++i)
+    if (set[i]) ::unsetenv(settings[i][0]);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  start_without_blas_pool(argv);
+  start_with_library_settings(argv);
   cli::set_argv(argc, argv);
   CLI::App app{"pooch-run: train, finetune, evaluate and run pooch models", "pooch-run"};
   app.require_subcommand(1);

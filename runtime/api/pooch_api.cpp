@@ -350,6 +350,8 @@ pooch_status pooch_session_step(pooch_session* s, const pooch_batch* batch, floa
 pooch_status pooch_session_predict(pooch_session* s, const pooch_batch* batch, int k,
                                    int32_t* labels, float* scores) {
   POOCH_REQUIRE_ARG(s && batch, "pooch_session_predict: session and batch must not be NULL");
+  POOCH_REQUIRE_ARG(labels || scores,
+                    "pooch_session_predict: labels and scores are both NULL; pass at least one");
   return guarded(
       [&] { s->impl("pooch_session_predict").predict(to_view(batch), k, labels, scores); });
 }
@@ -808,6 +810,7 @@ pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* path) {
 int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size) {
   if (!ds || batch_size <= 0) return 0;
   const auto& rp = ds->data.row_ptr;
+  if (rp.size() < 2) return 0;
   std::vector<int64_t> len(rp.size() - 1);
   for (size_t r = 0; r + 1 < rp.size(); ++r) len[r] = rp[r + 1] - rp[r];
   const auto n =

@@ -394,6 +394,14 @@ if [ -d "/proc/$pid/task" ]; then
   n=$(ls "/proc/$pid/task" | wc -l)
   [ "$n" = 4 ] && pass "threads-1 ($n threads)" || fail "threads-1: $n threads, wanted 4"
 fi
+# It runs with the settings that keep libgomp's and OpenBLAS's threads from
+# spinning (set by its own re-exec; docs/RELIABILITY.md).
+if [ -r "/proc/$pid/environ" ]; then
+  env_of=$(tr '\0' '\n' < "/proc/$pid/environ")
+  for kv in OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 OPENBLAS_NUM_THREADS=1; do
+    if grep -qx "$kv" <<< "$env_of"; then pass "no-spin $kv"; else fail "no-spin: $kv not set"; fi
+  done
+fi
 kill -INT $pid
 wait $pid
 rc=$?

@@ -14,7 +14,11 @@
  *    `reserved`), or zero them whole, before setting fields, and never touch
  *    `reserved` yourself. Structs the library hands out (pooch_epoch_report)
  *    may grow at their end;
- *  - pooch_*_free(&h) releases a handle and sets it to NULL;
+ *  - pooch_*_free(&h) releases a handle and sets it to NULL, so freeing
+ *    it again is harmless; every call given a NULL handle, or a NULL for
+ *    a pointer it must read or write, returns POOCH_ERR_INVALID_ARG (calls
+ *    without a status return 0 or ""). A handle used after it was freed
+ *    through another copy of the pointer cannot be detected (as with free());
  *  - the library never aborts or exits the host program.
  * Threading: one session per thread at a time; pooch_session_cancel may be
  * called from any thread.
@@ -241,9 +245,11 @@ typedef struct pooch_batch {
   const float* dense; /* dense-input models: rows x input width, row-major (else NULL) */
 } pooch_batch;
 
-/* One forward, backward and optimizer update; *loss gets the batch loss. */
+/* One forward, backward and optimizer update; *loss gets the batch loss
+ * (loss may be NULL). */
 POOCH_API pooch_status pooch_session_step(pooch_session* s, const pooch_batch* batch, float* loss);
-/* Top-k labels per row: labels[rows*k] and scores[rows*k], best first. */
+/* Top-k labels per row: labels[rows*k] and scores[rows*k], best first.
+ * Either may be NULL (that half is not written), not both. */
 POOCH_API pooch_status pooch_session_predict(pooch_session* s, const pooch_batch* batch, int k,
                                              int32_t* labels, float* scores);
 /* Tensor-level calls, for every model family. An input with a batch
@@ -348,6 +354,7 @@ POOCH_API void pooch_planted_default_params(pooch_planted_params* p);
 POOCH_API pooch_status pooch_dataset_create_planted(const pooch_planted_params* p,
                                                     pooch_dataset** out);
 POOCH_API void pooch_dataset_free(pooch_dataset** ds);
+/* Any of rows, features and labels may be NULL. */
 POOCH_API pooch_status pooch_dataset_shape(const pooch_dataset* ds, int64_t* rows,
                                            int64_t* features, int64_t* labels);
 /* A view of rows [first, first + rows) (clipped at the end), valid while ds lives. */
