@@ -197,8 +197,8 @@ void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_
                   "How a train step that does not fit --device-memory is made to fit: keep "
                   "(refuse), swap-all, recompute-all, checkpoint-sqrt, pooch-greedy, auto")
       ->group("Device")
-      ->transform(one_of({"keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy",
-                          "auto"}))
+      ->transform(
+          one_of({"keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy", "auto"}))
       ->capture_default_str();
   app->add_option("--host-memory", f.host_memory,
                   "Cap on the host pool (staging and swapped activations); default: none")
@@ -230,8 +230,8 @@ bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::stri
     }
     parse_size(f.device_memory, &p->device_memory);
   }
-  static const char* const strategies[] = {"keep", "swap-all", "recompute-all", "checkpoint-sqrt",
-                                           "pooch-greedy", "auto"};
+  static const char* const strategies[] = {
+      "keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy", "auto"};
   for (int i = 0; i < 6; ++i)
     if (f.strategy == strategies[i]) p->strategy = i;
   size_t v = 0;
@@ -390,6 +390,17 @@ void add_json_flag(CLI::App* app, Output& out) {
                 "Print one JSON object with the results as the last line of stdout");
 }
 
+LogFile::~LogFile() {
+  if (f) std::fclose(f);
+}
+
+int open_log(const std::string& path, bool append, LogFile& log, Output& out) {
+  if (path.empty()) return kOk;
+  log.f = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!log.f) return out.fail(kBadInput, "--log: cannot open '" + path + "' for writing");
+  return kOk;
+}
+
 void print_memory(const pooch_session* s, Output& out) {
   pooch_memory_report m{};
   if (pooch_session_memory(s, &m) != POOCH_OK) return;
@@ -414,8 +425,8 @@ void print_memory(const pooch_session* s, Output& out) {
   j["host_bytes"] = m.host_bytes;
   j["out_of_core"] = m.out_of_core != 0;
   if (m.out_of_core) {
-    static const char* const names[] = {"keep", "swap-all", "recompute-all", "checkpoint-sqrt",
-                                        "pooch-greedy", "auto"};
+    static const char* const names[] = {
+        "keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy", "auto"};
     const char* strategy = m.strategy >= 0 && m.strategy <= 5 ? names[m.strategy] : "?";
     std::printf(
         "out of core: the step needs %s in core; %s swapped to host memory, %s recomputed "

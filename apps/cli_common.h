@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
@@ -141,6 +142,17 @@ int check_output_paths(std::initializer_list<OutputPath> paths, Output& out);
 
 // The memory report of a session as one printed line and as JSON.
 void print_memory(const pooch_session* s, Output& out);
+
+// The JSON-lines log of --log, closed when it goes out of scope.
+struct LogFile {
+  FILE* f = nullptr;
+  LogFile() = default;
+  LogFile(const LogFile&) = delete;
+  LogFile& operator=(const LogFile&) = delete;
+  ~LogFile();
+};
+// Opens --log's file (nothing when `path` is empty); a failure is exit 2 (kBadInput).
+int open_log(const std::string& path, bool append, LogFile& log, Output& out);
 
 // A subcommand: its CLI11 app and what runs when it was chosen.
 struct Command {

@@ -394,17 +394,9 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
   sp.weight_decay = tf.weight_decay;
   sp.resume = 0;
 
-  FILE* log = nullptr;
-  if (!tf.log.empty()) {
-    log = std::fopen(tf.log.c_str(), "w");
-    if (!log) return out.fail(kBadInput, "--log: cannot open '" + tf.log + "' for writing");
-  }
-  struct LogCloser {
-    FILE* f;
-    ~LogCloser() {
-      if (f) std::fclose(f);
-    }
-  } closer{log};
+  LogFile log_file;
+  if (int rc = open_log(tf.log, false, log_file, out)) return rc;
+  FILE* log = log_file.f;
 
   SessionHandle s;
   if (pooch_status st = pooch_session_create(model.p, &sp, &s.p)) return out.fail(st, "session");

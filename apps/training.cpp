@@ -424,17 +424,9 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
       !save ? std::string() : (!f.checkpoint.empty() ? f.checkpoint : f.out + ".ckpt");
   tp.checkpoint_path = ckpt.empty() ? nullptr : ckpt.c_str();
 
-  FILE* log = nullptr;
-  if (!f.log.empty()) {
-    log = std::fopen(f.log.c_str(), resume ? "a" : "w");
-    if (!log) return out.fail(kBadInput, "--log: cannot open '" + f.log + "' for writing");
-  }
-  struct LogCloser {
-    FILE* f;
-    ~LogCloser() {
-      if (f) std::fclose(f);
-    }
-  } closer{log};
+  LogFile log_file;
+  if (int rc = open_log(f.log, resume, log_file, out)) return rc;
+  FILE* log = log_file.f;
 
   SessionHandle s;
   if (pooch_status st = pooch_session_create(model, &sp, &s.p)) return out.fail(st, "session");

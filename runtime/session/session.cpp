@@ -111,8 +111,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
           if (o == m.losses[0]) rq.split = static_cast<int>(i);
       train_request_ = rq;
       if (budget_ && p->schedule.arena_bytes > budget_ && cfg.strategy != Strategy::keep) {
-        OocPlan op = plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_,
-                                      profile_);
+        OocPlan op =
+            plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_, profile_);
         p->schedule = std::move(op.schedule);
         ooc_.active = true;
         ooc_.strategy = op.strategy;
@@ -284,6 +284,12 @@ void Session::fill_row_masks() {
   }
 }
 
+void Session::prepare_run(const Schedule& s) {
+  fill_row_masks();
+  if (s.training) ++ctx_->step;  // Adam's t and dropout's counter key
+  ctx_->training = s.training ? 1 : 0;
+}
+
 void Session::run(ProgramKind p) {
   check_cancel();
   const auto& c = programs_[static_cast<int>(p)];
@@ -294,9 +300,7 @@ void Session::run(ProgramKind p) {
                                 ? (model_->losses.empty() ? "the model has no loss"
                                                           : "it was created for inference")
                                 : "the model has no outputs for it"));
-  fill_row_masks();
-  if (c->schedule.training) ++ctx_->step;
-  ctx_->training = c->schedule.training ? 1 : 0;
+  prepare_run(c->schedule);
   exec_->run(c->bound);
 }
 
@@ -304,9 +308,7 @@ void Session::run_profiled_train_step() {
   check_cancel();
   auto& c = programs_[static_cast<int>(ProgramKind::train_step)];
   if (!c) run(ProgramKind::train_step);  // says why there is none
-  fill_row_masks();
-  ++ctx_->step;
-  ctx_->training = 1;
+  prepare_run(c->schedule);
   const StepTimes t = exec_->run_timed(c->bound);
   profile_ = measured_profile(graph_, c->schedule, t, profile_.link);
   profile_measured_ = true;
@@ -344,9 +346,7 @@ int Session::compile(const std::vector<TensorId>& wanted, bool training, bool wi
 void Session::run_compiled(int id) {
   check_cancel();
   const CompiledProgram& c = *custom_.at(static_cast<size_t>(id));
-  fill_row_masks();
-  if (c.schedule.training) ++ctx_->step;
-  ctx_->training = c.schedule.training ? 1 : 0;
+  prepare_run(c.schedule);
   exec_->run(c.bound);
 }
 

@@ -129,6 +129,8 @@ class Session {
  private:
   TensorId staged_tensor(std::string_view name, bool input) const;
   void fill_row_masks();
+  // Row masks, step counter and training flag for a run of `s`.
+  void prepare_run(const Schedule& s);
   void check_cancel();
   std::shared_ptr<const Model> model_;
   SessionConfig cfg_;
