@@ -219,6 +219,10 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
   app->add_option("--resume", f.resume, "Continue the run saved in this checkpoint")
       ->type_name("CKPT")
       ->group("Output");
+  app->add_flag("--force", f.force,
+                "With --resume: go on even when the training data differ from the data the "
+                "checkpoint was trained on (their fingerprints differ)")
+      ->group("Output");
   app->add_option("--log", f.log, "Write one JSON object per step and per epoch here")
       ->type_name("FILE.jsonl")
       ->group("Output");
@@ -419,6 +423,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   tp.plateau_patience = f.plateau_patience;
   tp.early_stop_patience = f.early_stop;
   tp.data_seed = f.seed;
+  tp.allow_other_data = f.force ? 1 : 0;
   if (int rc = propensity(f, data.name, &tp.psp_a, &tp.psp_b, out)) return rc;
   const std::string ckpt =
       !save ? std::string() : (!f.checkpoint.empty() ? f.checkpoint : f.out + ".ckpt");
@@ -475,7 +480,8 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     }
     return by_signal ? kInterrupted : kOk;
   }
-  if (st != POOCH_OK) return out.fail(st, "training");
+  if (st != POOCH_OK)
+    return out.fail(st, resume ? "training on " + data.train_source : std::string("training"));
   res["interrupted"] = false;
   std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
   if (save) {

@@ -37,6 +37,7 @@ struct TrainFlags {
   std::string out = "model.pooch";
   std::string checkpoint;  // default <out>.ckpt
   std::string resume;
+  bool force = false;  // --force: resume on data other than the checkpoint's
   std::string log;
   int64_t max_steps = 0;  // hidden: stop (as Ctrl-C does) after this many steps of the run
 };

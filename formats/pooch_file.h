@@ -50,6 +50,8 @@ inline constexpr std::string_view kLrScheduleState = "train.lr_schedule.state";
 inline constexpr std::string_view kOptimizer = "train.optimizer";
 inline constexpr std::string_view kLossSum = "train.loss_sum";  // of the epoch's batches so far
 inline constexpr std::string_view kFinished = "train.finished";  // early stopping ended the run
+// What the run trains on (data_fingerprint): a resume on other data is refused.
+inline constexpr std::string_view kDataFingerprint = "train.data.fingerprint";
 inline constexpr std::string_view kModelSpec = "model.spec";      // the family's spec (JSON)
 inline constexpr std::string_view kModelFamily = "model.family";  // "xmc", "mlp", ...
 inline constexpr std::string_view kModelIo = "model.io";  // inputs, outputs, losses (JSON)

@@ -68,6 +68,7 @@ struct pooch_session {
   pooch_progress_fn progress = nullptr;
   void* progress_user = nullptr;
   pooch::TrainerState state;  // where training stands (restored from a checkpoint)
+  std::string resumed_from;   // the checkpoint it resumes ("": a fresh run)
 };
 
 struct pooch_dataset {
@@ -318,6 +319,7 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
         try {
           s->session().set_optimizer_step(f.metadata().get_u64(pooch::meta_keys::kStep));
           s->state = pooch::get_state(f.metadata());
+          s->resumed_from = f.path();
         } catch (const pooch::Error& e) {
           // The metadata does not know its file; the message must name it.
           throw pooch::Error(e.code(), fmt::format("{}: {}", f.path(), e.what()));
@@ -917,6 +919,16 @@ pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const poo
     c.psp_a = p->psp_a;
     c.psp_b = p->psp_b;
     if (p->checkpoint_path) c.checkpoint_path = p->checkpoint_path;
+    c.data_fingerprint = pooch::data_fingerprint(train->data);
+    if (!s->resumed_from.empty() && !s->state.data_fingerprint.empty() &&
+        s->state.data_fingerprint != c.data_fingerprint && !p->allow_other_data)
+      throw pooch::Error(
+          POOCH_ERR_BAD_INPUT,
+          fmt::format("{} was trained on other data: the checkpoint's training data have "
+                      "fingerprint {}, the data given now {}; resume with the data it was "
+                      "trained on, or allow the change (pooch-run: --force; C API: "
+                      "pooch_train_params.allow_other_data)",
+                      s->resumed_from, s->state.data_fingerprint, c.data_fingerprint));
     pooch::TrainCallbacks cb;
     pooch::XmcMetricsResult last_eval;
     cb.on_step = [&](uint64_t step, float loss, int64_t epoch, int64_t batch, int64_t batches) {

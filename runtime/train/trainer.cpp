@@ -1,6 +1,7 @@
 #include "trainer.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
@@ -64,6 +65,8 @@ void put_state(Metadata& m, const TrainerState& s, const TrainConfig& cfg) {
                   {s.plateau_scale, s.best, static_cast<double>(s.bad_epochs),
                    static_cast<double>(s.plateau_bad)});
   m.set_bool(meta_keys::kFinished, s.finished);
+  if (!cfg.data_fingerprint.empty())
+    m.set_string(meta_keys::kDataFingerprint, cfg.data_fingerprint);
 }
 
 TrainerState get_state(const Metadata& m) {
@@ -81,7 +84,35 @@ TrainerState get_state(const Metadata& m) {
   s.bad_epochs = static_cast<int>(lr[2]);
   s.plateau_bad = static_cast<int>(lr[3]);
   s.finished = m.get_bool(meta_keys::kFinished);
+  // Checkpoints written before fingerprints were recorded have none.
+  if (m.has(meta_keys::kDataFingerprint))
+    s.data_fingerprint = m.get_string(meta_keys::kDataFingerprint);
   return s;
+}
+
+std::string data_fingerprint(const XmcDataset& d) {
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) throw std::bad_alloc();
+  XXH3_64bits_reset(st);
+  const int64_t shape[] = {d.rows(), d.features, d.labels, d.dense_dim};
+  XXH3_64bits_update(st, shape, sizeof shape);
+  const auto add = [&](const auto& v) {
+    // Each array's length goes in too, so that bytes moved from one array to
+    // the next cannot give the same hash.
+    const uint64_t n = v.size();
+    XXH3_64bits_update(st, &n, sizeof n);
+    if (n) XXH3_64bits_update(st, v.data(), n * sizeof v[0]);
+  };
+  add(d.row_ptr);
+  add(d.col);
+  add(d.val);
+  add(d.label_ptr);
+  add(d.label);
+  add(d.dense);
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return fmt::format("xxh3 {:016x} ({} rows, {} {}features, {} labels)", h, d.rows(), d.features,
+                     d.has_dense() ? "dense " : "", d.labels);
 }
 
 std::vector<int64_t> label_counts(const XmcDataset& d) {

@@ -33,6 +33,8 @@ struct TrainConfig {
   // connections with the smallest |w| is pruned and regrown at random.
   int64_t rewire_every = 0;
   double rewire_fraction = 0.1;
+  // The training data's data_fingerprint, stored in every checkpoint ("": none).
+  std::string data_fingerprint;
 };
 
 // What a checkpoint carries besides the tensors (metadata keys train.*).
@@ -45,9 +47,16 @@ struct TrainerState {
   int bad_epochs = 0;   // epochs since the best, for early stopping
   int plateau_bad = 0;  // epochs since the best or the last reduction
   bool finished = false;
+  std::string data_fingerprint;  // of the data the checkpoint trained on ("": not recorded)
 };
 
 void put_state(Metadata& m, const TrainerState& s, const TrainConfig& cfg);
+
+// What identifies a training set: an xxh3-64 hash over its shape and every
+// array (features, values, labels, dense rows), with the shape in words, e.g.
+// "xxh3 5f0c5e2a91d3b7e4 (1000 rows, 5000 features, 3993 labels)". Two sets
+// with the same fingerprint hold the same rows in the same order.
+std::string data_fingerprint(const XmcDataset& d);
 TrainerState get_state(const Metadata& m);  // Error POOCH_ERR_BAD_INPUT naming a missing key
 
 // What an evaluation callback returns: the score the trainer maximises

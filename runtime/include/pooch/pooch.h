@@ -433,7 +433,12 @@ typedef struct pooch_train_params {
    * (fan-in stays exact; regrown weights and their Adam moments start at 0). */
   int64_t rewire_every;
   float rewire_fraction;    /* default 0.1 */
-  int reserved_int;
+  /* A session resumed from a checkpoint refuses (POOCH_ERR_BAD_INPUT, naming
+   * both fingerprints) training data other than the data the checkpoint was
+   * trained on, told by a hash of every row (checkpoint metadata
+   * "train.data.fingerprint"); 1 allows it, and the run goes on with the new
+   * data (default 0). */
+  int allow_other_data;
   uint8_t reserved[48]; /* zero: room for new fields (see the top of this file) */
 } pooch_train_params;
 
