@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdlib>
 #include <iterator>
 #include <string>
@@ -56,6 +57,11 @@ void start_with_library_settings(char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f) the kernel sends SIGXFSZ, whose default
+  // kills the process without a word; ignored, the write fails with EFBIG and
+  // the writer reports it (exit 2) and keeps the previous file. The library
+  // installs no handlers: this is the program's choice (docs/RELIABILITY.md).
+  std::signal(SIGXFSZ, SIG_IGN);
   start_with_library_settings(argv);
   cli::set_argv(argc, argv);
   CLI::App app{"pooch-run: train, finetune, evaluate and run pooch models", "pooch-run"};

@@ -2,14 +2,22 @@
 # The edges of a training run, end to end through pooch-run:
 #  - resuming on other data: refused with exit 2, naming the checkpoint, the
 #    data file and both data fingerprints, unless --force; the same data, or
-#    --force, go on.
+#    --force, go on;
+#  - a full disk (a file-size limit, `ulimit -f`, which is what a full disk
+#    looks like to write(): it fails midway): exit 2 with the OS's reason,
+#    the previous checkpoint byte for byte intact, no temporary file left;
+#  - a read-only output folder: exit 2 with a message, the checkpoint intact
+#    (run as an unprivileged user when the test runs as root, whom directory
+#    permissions do not stop);
+#  - an address-space limit (`ulimit -v`) below what a model needs: exit 3,
+#    naming the bytes asked for and the bytes there were, and no hang.
 # Usage: test_edges.sh PATH/TO/pooch-run
 set -uo pipefail
 
 RUN=${1:?usage: test_edges.sh PATH/TO/pooch-run}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-edges.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
+trap 'chmod -R u+w "$TMP" 2>/dev/null; rm -rf "$TMP"' EXIT
 cd "$TMP" || exit 1
 
 failures=0
@@ -39,6 +47,12 @@ contains() {
 same() {  # same NAME FILE1 FILE2
   if cmp -s "$2" "$3"; then pass "$1"; else fail "$1: $2 differs from $3"; fi
 }
+no_temporaries() {  # no_temporaries NAME DIR
+  local left
+  left=$(ls -A "$2" | grep -E '\.tmp-[0-9]+' || true)
+  [ -z "$left" ] && pass "$1" || fail "$1: temporary files left: $left"
+}
+
 F=(--epochs 2 --early-stop 0 --hidden 16 --fan-in 4 --batch 32 --seed 7 --threads 1 --device cpu)
 # Two data sets of one shape (the preset fixes it) and different rows.
 "$RUN" synth --preset EURLex-4K --scale 0.02 --seed 3 --out data > synth.log 2>&1 &&
@@ -71,6 +85,51 @@ fp() { grep -Eo '"train\.data\.fingerprint":"[^"]*"' "$1"; }
 [ -n "$(fp forced-info.out)" ] && [ "$(fp forced-info.out)" != "$(fp first-info.out)" ] &&
   pass "forced-checkpoint-has-new-fingerprint" ||
   fail "forced-checkpoint-has-new-fingerprint: $(fp forced-info.out)"
+
+# --- a full disk: a file-size limit ----------------------------------------------
+# 64 KiB: the data and its cache are read (the caches exist already), the
+# checkpoint (about 140 KiB) cannot be written.
+cp keep.ckpt full.ckpt
+expect full-disk 2 bash -c 'ulimit -f 64 && exec "$0" "$@"' "$RUN" train --data data "${F[@]}" \
+  --out full.pooch --checkpoint full.ckpt --resume full.ckpt
+contains full-disk-says-why full-disk.err 'full\.ckpt.*(File too large|No space)'
+same full-disk-keeps-checkpoint full.ckpt keep.ckpt
+[ ! -e full.pooch ] && pass "full-disk-writes-no-model" || fail "full-disk-writes-no-model"
+no_temporaries full-disk-no-temporaries .
+
+# --- a read-only output folder -----------------------------------------------------
+mkdir ro
+cp keep.ckpt ro/c.ckpt
+chmod 555 ro
+AS=()
+if [ "$(id -u)" = 0 ]; then
+  # root writes into a read-only folder regardless: run as nobody, who can
+  # read this folder and the data but not write into ro/.
+  chmod 755 "$TMP"
+  chmod -R a+rX "$TMP"
+  chmod 555 ro
+  AS=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+fi
+expect read-only 2 "${AS[@]}" "$RUN" train --data data "${F[@]}" --out ro/m.pooch \
+  --checkpoint ro/c.ckpt --resume ro/c.ckpt
+contains read-only-says-why read-only.err 'ro/(m\.pooch|c\.ckpt).*(Permission denied|Read-only)'
+same read-only-keeps-checkpoint ro/c.ckpt keep.ckpt
+no_temporaries read-only-no-temporaries ro
+
+# --- an address-space limit ------------------------------------------------------
+# A model whose arena is about 1.2 GB (707 x 100000 weights, their
+# gradients and two Adam moments) under a 600 MB limit: the message gives
+# the bytes asked for and what the limit leaves, not the machine's free memory.
+expect low-memory 3 timeout 120 bash -c 'ulimit -v 600000 && exec "$0" "$@"' "$RUN" train \
+  --data data --epochs 1 --hidden 100000 --fan-in 4 --threads 1 --device cpu --out big.pooch
+contains low-memory-names-bytes low-memory.err 'could not take [0-9]+ bytes .*; [0-9.]+ MiB are available'
+avail=$(grep -Eo '[0-9.]+ MiB are available' low-memory.err | cut -d' ' -f1)
+if [ -n "$avail" ] && awk -v a="$avail" 'BEGIN { exit !(a < 600000 / 1024) }'; then
+  pass "low-memory-available-honours-the-limit ($avail MiB)"
+else
+  fail "low-memory-available-honours-the-limit: '$avail' MiB is not below the 586 MiB limit"
+fi
+[ ! -e big.pooch ] && pass "low-memory-writes-no-model" || fail "low-memory-writes-no-model"
 
 echo "$failures failed"
 [ "$failures" = 0 ]
