@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# pooch.sh demo | test | bench — set up a fresh Debian 12 machine (installing
-# what is missing), build, and run the main job, the test suite or the
-# benchmarks.
+# pooch.sh demo | test | sanitize [asan|tsan|fuzz] | bench — set up a fresh
+# Debian 12 machine (installing what is missing), build, and run the main
+# job, the test suite (then the sanitizer builds: `test` runs both), the
+# sanitizer builds alone, or the benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -11,6 +12,9 @@ DEBIAN_PACKAGES=(
   libopenblas-dev libopenblas0-pthread libmimalloc-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev libxxhash-dev libgtest-dev
 )
+
+# The fuzz targets need clang and its libFuzzer (tests/fuzz).
+FUZZ_PACKAGES=(clang)
 
 # Only the benchmarks need these: the peer (Debian's PyTorch, which multiplies
 # through OpenBLAS once libopenblas0-pthread is installed) and GNU time for
@@ -57,6 +61,75 @@ configure_and_build() {
   ninja -C "$BUILD"
 }
 
+# The sanitizer builds (docs/RELIABILITY.md, "Sanitizers"), each in its own
+# build folder beside $BUILD, so that a user can run any one alone:
+#   asan: gcc's AddressSanitizer + UndefinedBehaviorSanitizer over the unit,
+#         checker (opcheck) and CLI tests;
+#   tsan: gcc's ThreadSanitizer over the tests where threads meet (the CPU
+#         backend's streams, the executor, cancel from another thread, the
+#         progress callback, two sessions in two threads);
+#   fuzz: clang's libFuzzer targets, 30 s each (tests/fuzz/run.sh).
+sanitize_asan() {
+  local b=$BUILD-asan
+  # -O1 without debug info: the quickest build that still gives named stacks.
+  [ -f "$b/build.ninja" ] || meson setup "$b" -Doptimization=1 -Ddebug=false -Dcuda=disabled \
+    -Dbench=false -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dcpp_args=-fno-sanitize-recover=all -Dc_args=-fno-sanitize-recover=all
+  ninja -C "$b"
+  # embed builds a program outside the tree against the installed library,
+  # which would need the ASan runtime loaded first: it runs in `test` only.
+  local tests
+  tests=$(meson test -C "$b" --list --suite unit --suite opcheck --suite cli 2>/dev/null |
+    sed 's|.* / ||' | grep -vx embed)
+  # shellcheck disable=SC2086
+  ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1:detect_leaks=1} \
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+    meson test -C "$b" --print-errorlogs --timeout-multiplier 4 $tests
+}
+
+sanitize_tsan() {
+  local b=$BUILD-tsan
+  [ -f "$b/build.ninja" ] || meson setup "$b" -Doptimization=1 -Ddebug=false -Dcuda=disabled \
+    -Dbench=false -Db_sanitize=thread -Db_lundef=false
+  ninja -C "$b" tests/test_cpu_backend tests/test_executor tests/test_api tests/test_threads
+  # libgomp and OpenBLAS are not built with TSan. OpenBLAS's memory accesses
+  # are invisible to it (nothing to report), but libgomp hands work to its
+  # team through its own futex barriers, which TSan cannot see, so every
+  # parallel loop would be reported as a race. OMP_THREAD_LIMIT=1 runs each
+  # OpenMP region on its caller's thread; the threads pooch itself starts
+  # (stream workers, sessions in threads, cancel and progress from other
+  # threads) are all still there, and they are what this build checks.
+  local env=(OMP_THREAD_LIMIT=1 "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1")
+  env "${env[@]}" "$b/tests/test_cpu_backend"
+  env "${env[@]}" "$b/tests/test_executor"
+  env "${env[@]}" "$b/tests/test_api" --gtest_filter='*Cancel*:*Progress*'
+  env "${env[@]}" "$b/tests/test_threads"
+}
+
+sanitize_fuzz() {
+  local b=$BUILD-fuzz
+  [ -f "$b/build.ninja" ] || CC=clang CXX=clang++ meson setup "$b" --buildtype=debugoptimized \
+    -Dcuda=disabled -Dtests=false -Dbench=false -Dfuzz=enabled \
+    -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dcpp_args=-fno-sanitize-recover=all -Dc_args=-fno-sanitize-recover=all
+  # The fuzz targets alone: they link the readers' layers, not the kernels.
+  ninja -C "$b" tests/fuzz/fuzz_{xmc_bow,xmc_split,xmc_cache,npy,pooch_file,model_spec}
+  tests/fuzz/run.sh "$b" "${POOCH_FUZZ_SECONDS:-30}"
+}
+
+sanitize() {
+  case "${1:-all}" in
+    asan) sanitize_asan ;;
+    tsan) sanitize_tsan ;;
+    fuzz) sanitize_fuzz ;;
+    all) sanitize_asan && sanitize_tsan && sanitize_fuzz ;;
+    *)
+      echo "usage: ./pooch.sh sanitize [asan|tsan|fuzz]" >&2
+      exit 1
+      ;;
+  esac
+}
+
 cmd=${1:-}
 case "$cmd" in
   demo)
@@ -66,9 +139,14 @@ case "$cmd" in
     "$BUILD/apps/pooch-run" demo "$@"
     ;;
   test)
-    install_missing
+    install_missing "${FUZZ_PACKAGES[@]}"
     configure_and_build
     meson test -C "$BUILD" --print-errorlogs
+    sanitize all
+    ;;
+  sanitize)
+    install_missing "${FUZZ_PACKAGES[@]}"
+    sanitize "${2:-all}"
     ;;
   bench)
     install_missing "${BENCH_PACKAGES[@]}"
@@ -78,7 +156,7 @@ case "$cmd" in
     "$BUILD/bench/pooch-bench-ooc"
     ;;
   *)
-    echo "usage: ./pooch.sh demo [demo flags] | test | bench" >&2
+    echo "usage: ./pooch.sh demo [demo flags] | test | sanitize [asan|tsan|fuzz] | bench" >&2
     exit 1
     ;;
 esac
