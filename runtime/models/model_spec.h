@@ -9,7 +9,9 @@
 //               {"type": "ffi", "fan_in": 32}],
 //    "loss": "squared-hinge"}
 // The last layer is the output layer: "ffi" (fixed fan-in) or "dense", both
-// `labels` wide.
+// `labels` wide. "skip": true (xmc, sparse input) adds a linear path from the
+// input straight to the labels, summed with the output layer's logits: a
+// one-vs-all linear model (what linear XMC methods are) beside the network.
 //
 // The same form describes the "mlp" family (dense regression or
 // classification): {"family": "mlp", "input": {"kind": "dense", "width": 8},
@@ -53,6 +55,7 @@ struct ModelSpec {
   LossKind loss = LossKind::bce;
   RunShape run;
   uint64_t seed = 1;
+  bool skip = false;  // a linear input -> labels path added to the head's logits
 };
 
 // The common shape: input -> linear(hidden, relu) [-> linear(bottleneck,

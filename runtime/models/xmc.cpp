@@ -96,6 +96,17 @@ std::unique_ptr<Model> build_xmc_model(const ModelSpec& spec) {
       }
     }
   }
+  if (s.skip) {
+    // The linear path: every input feature straight to every label, summed
+    // with the network's logits. Zero at the start, so the first steps see
+    // the network alone; its gradient reaches only the rows of the features
+    // in the batch (sparse rows, as the first layer's).
+    const TensorId w =
+        weight("skip.weight", DType::f32, {s.input_width, L}, true, WeightInit::Kind::zeros, 0);
+    const TensorId b = weight("skip.bias", DType::f32, {L}, true, WeightInit::Kind::zeros, 0);
+    const TensorId lin = g.add_op1("sparse_linear", {ptr, idx, val, w, b}, {}, "skip.logits");
+    logits = g.add_op1("add", {logits, lin}, {}, "logits.sum");
+  }
   const auto top = g.add_op("topk", {logits}, {{"k", s.run.topk}}, {"top.values", "top.indices"});
   const char* loss_op = s.loss == LossKind::bce             ? "bce_logits_csr"
                         : s.loss == LossKind::squared_hinge ? "squared_hinge_csr"
