@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -1098,3 +1099,13 @@ pooch_status pooch_session_get_output(const pooch_session* s, const char* name, 
 }
 
 }  // extern "C"
+
+// The other C API files (pooch_api_lm.cpp) map exceptions the same way.
+namespace pooch::api {
+pooch_status run_guarded(const std::function<void()>& f) {
+  return guarded(f);
+}
+pooch_status fail_arg(const char* msg) {
+  return fail(POOCH_ERR_INVALID_ARG, msg);
+}
+}  // namespace pooch::api

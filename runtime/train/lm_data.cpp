@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "../../formats/token_file.h"
 #include "../core/error.h"
 
 namespace pooch {
@@ -88,6 +89,50 @@ LmEval evaluate_lm(Session& s, const LmWindows& w, const LmInputs& in) {
   r.loss = rows ? sum / static_cast<double>(rows) : 0;
   r.perplexity = std::exp(r.loss);
   return r;
+}
+
+int64_t lm_context(const Model& m, const LmInputs& in) {
+  const IoTensor* t = m.find_input(in.tokens);
+  if (!t)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("the model has no input '{}' to take token windows", in.tokens));
+  const Shape& shape = m.graph.tensor(t->id).shape;
+  if (shape.size() != 2 || m.graph.tensor(t->id).dtype != DType::i32)
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("the model's input '{}' is {} {}, not i32 [batch, context]", in.tokens,
+                            dtype_name(m.graph.tensor(t->id).dtype), shape_str(shape)));
+  return in.targets.empty() ? shape[1] - 1 : shape[1];
+}
+
+void train_lm(Session& s, const std::vector<int32_t>& tokens, int64_t vocab,
+              const LmTrainConfig& cfg, TrainerState& state, const TrainCallbacks& cb,
+              const std::function<void(const LmEvalReport&)>& on_eval, const std::string& source) {
+  tokens::check_vocab(tokens, vocab, source);
+  const int64_t context = lm_context(s.model(), cfg.inputs);
+  const LmSplit split = split_tokens(tokens, context, cfg.val_fraction, source);
+  LmBatchSource src(s, split.train, cfg.inputs);
+  const bool validate = split.val.rows() > 0;
+  auto measure = [&] { return evaluate_lm(s, split.val, cfg.inputs); };
+  EvalFn eval;
+  if (validate)
+    eval = [&] {
+      const LmEval e = measure();
+      if (on_eval) on_eval({s.optimizer_step(), e});
+      EvalResult r;
+      r.score = -e.loss;
+      r.metrics = {{"val_loss", e.loss}, {"perplexity", e.perplexity}};
+      return r;
+    };
+  TrainCallbacks callbacks = cb;
+  if (validate && cfg.eval_every > 0)
+    callbacks.on_step = [&](uint64_t step, float loss, int64_t epoch, int64_t batch,
+                            int64_t batches) {
+      // The evaluate program overwrites the staged inputs only; the next
+      // step stages its own batch, so training goes on unchanged.
+      if (step % static_cast<uint64_t>(cfg.eval_every) == 0 && on_eval) on_eval({step, measure()});
+      return cb.on_step ? cb.on_step(step, loss, epoch, batch, batches) : true;
+    };
+  train(s, src, eval, cfg.train, state, callbacks);
 }
 
 }  // namespace pooch

@@ -7,6 +7,7 @@
 // bit for bit.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,5 +72,32 @@ struct LmEval {
 // Mean loss of the session's evaluate program over every window of `w`, in
 // order, batch by batch (a short last batch is weighted by its rows).
 LmEval evaluate_lm(Session& s, const LmWindows& w, const LmInputs& in = {});
+
+// The context length of a model's LM inputs: the second dimension of the
+// tokens input ([B, T], or [B, T + 1] without a targets input). Error
+// POOCH_ERR_INVALID_ARG when the model has no such input.
+int64_t lm_context(const Model& m, const LmInputs& in = {});
+
+struct LmTrainConfig {
+  TrainConfig train;
+  double val_fraction = 0.1;  // the stream's tail held out for validation (0: none)
+  int64_t eval_every = 0;     // validation every this many steps (0: after each epoch only)
+  LmInputs inputs;
+};
+
+// A validation measured during training.
+struct LmEvalReport {
+  uint64_t step = 0;
+  LmEval eval;
+};
+
+// Trains a language model on one token stream with the generic trainer: the
+// training windows in a seeded order per epoch, validation loss and
+// perplexity every eval_every steps and after each epoch (the epoch's score
+// is the negated validation loss), checkpoints and bit-exact resume as
+// train() does. Tokens are checked against the vocabulary `vocab` first.
+void train_lm(Session& s, const std::vector<int32_t>& tokens, int64_t vocab,
+              const LmTrainConfig& cfg, TrainerState& state, const TrainCallbacks& cb,
+              const std::function<void(const LmEvalReport&)>& on_eval, const std::string& source);
 
 }  // namespace pooch

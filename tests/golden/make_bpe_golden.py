@@ -80,7 +80,7 @@ def main():
         cases.append({"text": s, "ids": ids, "decoded": slow.decode(ids, clean_up_tokenization_spaces=False)})
     with open(os.path.join(OUT, "encodings.json"), "w", encoding="utf-8") as f:
         json.dump({"tokenizer": "transformers GPT2Tokenizer 4.38.2 (checked against GPT2TokenizerFast, tokenizers 0.15.2)",
-                   "cases": cases}, f, ensure_ascii=True, indent=0)
+                   "cases": cases}, f, ensure_ascii=False, indent=0)
     print(len(cases), "cases;", len(json.load(open(vocab))), "vocabulary entries")
 
 

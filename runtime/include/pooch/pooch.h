@@ -466,6 +466,45 @@ POOCH_API pooch_status pooch_evaluate(pooch_session* s, const pooch_dataset* ds,
                                       const pooch_dataset* train, float a, float b,
                                       pooch_metrics* out);
 
+/* ---- Language models: tokenizer, token data, GPT-2 checkpoints ------------
+ * (docs/FORMAT.md "Token files", "Byte-level BPE tokenizer files", "GPT-2
+ * checkpoints of other programs"). */
+
+/* GPT-2's byte-level BPE tokenizer, from vocab.json and merges.txt. */
+typedef struct pooch_tokenizer pooch_tokenizer;
+POOCH_API pooch_status pooch_tokenizer_load(const char* vocab_json, const char* merges_txt,
+                                            pooch_tokenizer** out);
+POOCH_API void pooch_tokenizer_free(pooch_tokenizer** t);
+POOCH_API int64_t pooch_tokenizer_vocab_size(const pooch_tokenizer* t); /* -1 for NULL */
+/* Encodes `len` bytes of UTF-8 text: writes min(count, cap) ids to `ids`
+ * (NULL when cap is 0) and the count to *count; call again with a buffer of
+ * *count ids when it is larger than cap. */
+POOCH_API pooch_status pooch_tokenizer_encode(const pooch_tokenizer* t, const char* text,
+                                              size_t len, int32_t* ids, int64_t cap,
+                                              int64_t* count);
+/* The bytes token `id` stands for (not NUL-terminated; a token may hold part
+ * of a UTF-8 character, so a streaming caller writes bytes as they come).
+ * They stay valid while the tokenizer lives. */
+POOCH_API pooch_status pooch_tokenizer_token(const pooch_tokenizer* t, int32_t id,
+                                             const char** bytes, size_t* len);
+
+/* Token ids from a file: an llm.c token file (a 256 x int32 header with
+ * magic 20240520, then uint16 tokens), or with `bytes` nonzero any file's
+ * bytes as ids 0..255. Free *tokens with pooch_tokens_free. */
+POOCH_API pooch_status pooch_tokens_load(const char* path, int bytes, int32_t** tokens,
+                                         int64_t* count);
+POOCH_API void pooch_tokens_free(int32_t** tokens);
+/* Writes ids (each in [0, 65535]) as an llm.c token file, atomically. */
+POOCH_API pooch_status pooch_tokens_save(const char* path, const int32_t* tokens, int64_t count);
+
+/* GPT-2 checkpoints of other programs. Import reads a Hugging Face directory
+ * (config.json + model.safetensors, as GPT2LMHeadModel.save_pretrained
+ * writes) or an llm.c gpt2_*.bin, tensor by tensor, and writes a pooch gpt
+ * model file. Export writes a gpt model file as config.json +
+ * model.safetensors that GPT2LMHeadModel.from_pretrained loads. */
+POOCH_API pooch_status pooch_gpt_import(const char* from, const char* out_path);
+POOCH_API pooch_status pooch_gpt_export(const char* model_path, const char* out_dir);
+
 #ifdef __cplusplus
 }
 #endif
