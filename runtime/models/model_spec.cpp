@@ -224,7 +224,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   const char* width_key = s.family == Family::mlp ? "outputs" : "labels";
   only_known(j,
              {"family", "input", width_key, "layers", "loss", "batch", "max_nnz", "max_labels",
-              "topk", "seed", "skip"},
+              "topk", "seed", "skip", "fused_head"},
              "the spec", src);
   if (s.family == Family::mlp) s.input = InputKind::dense;
   const json& in = j["input"];
@@ -260,6 +260,10 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (j.contains("skip")) {
     if (!j["skip"].is_boolean()) bad(src, "skip must be true or false");
     s.skip = j["skip"].get<bool>();
+  }
+  if (j.contains("fused_head")) {
+    if (!j["fused_head"].is_boolean()) bad(src, "fused_head must be true or false");
+    s.fused_head = j["fused_head"].get<bool>();
   }
   if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
   for (size_t i = 0; i < j["layers"].size(); ++i) {
@@ -323,6 +327,7 @@ std::string spec_to_json(const ModelSpec& s) {
   j["topk"] = s.run.topk;
   j["seed"] = s.seed;
   if (s.skip) j["skip"] = true;  // absent at the defaults: older files stay byte-identical
+  if (!s.fused_head) j["fused_head"] = false;
   json layers = json::array();
   for (const LayerSpec& l : s.layers) {
     json o{{"type", layer_type(l.kind)}};

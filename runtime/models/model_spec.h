@@ -56,6 +56,10 @@ struct ModelSpec {
   RunShape run;
   uint64_t seed = 1;
   bool skip = false;  // a linear input -> labels path added to the head's logits
+  // A fixed fan-in output layer runs fused with its loss and top-k (no [B, L]
+  // logits; ffi_loss, ffi_topk) unless this is false ("fused_head": false in
+  // JSON): the unfused ops are the reference the fused ones are checked by.
+  bool fused_head = true;
 };
 
 // The common shape: input -> linear(hidden, relu) [-> linear(bottleneck,
