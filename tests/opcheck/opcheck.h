@@ -55,5 +55,6 @@ std::vector<OpCase> dense_cases(Rng& rng);
 std::vector<OpCase> sparse_cases(Rng& rng);
 std::vector<OpCase> loss_cases(Rng& rng);
 std::vector<OpCase> optim_cases(Rng& rng);
+std::vector<OpCase> conv_cases(Rng& rng);
 
 }  // namespace pooch::opcheck
