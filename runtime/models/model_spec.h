@@ -19,11 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "cnn_spec.h"
+
 namespace pooch {
 
 enum class InputKind { sparse, dense };
 enum class LossKind { bce, squared_hinge, softmax, mse };
-enum class Family { xmc, mlp };
+enum class Family { xmc, mlp, resnet, vgg };
 enum class LayerKind { linear, dropout, layernorm, ffi_head, dense_head };
 
 struct LayerSpec {
@@ -53,7 +55,12 @@ struct ModelSpec {
   LossKind loss = LossKind::bce;
   RunShape run;
   uint64_t seed = 1;
+  CnnSpec cnn;  // resnet, vgg (cnn_spec.h); labels holds the classes
 };
+
+inline bool is_cnn(Family f) {
+  return f == Family::resnet || f == Family::vgg;
+}
 
 // The common shape: input -> linear(hidden, relu) [-> linear(bottleneck,
 // relu)] [-> dropout] -> ffi(fan_in) or dense head.
