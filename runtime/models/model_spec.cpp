@@ -72,7 +72,7 @@ const char* loss_name(LossKind k) {
 }
 
 const char* family_name(Family f) {
-  return f == Family::mlp ? "mlp" : "xmc";
+  return f == Family::mlp ? "mlp" : f == Family::resnet ? "resnet" : f == Family::vgg ? "vgg" : "xmc";
 }
 
 LossKind parse_loss(const std::string& name) {
@@ -103,6 +103,7 @@ ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, 
 }
 
 void validate_spec(const ModelSpec& s) {
+  if (is_cnn(s.family)) return validate_cnn_spec(s);
   auto req = [](bool ok, const std::string& what) {
     if (!ok) throw Error(POOCH_ERR_INVALID_ARG, what);
   };
@@ -218,13 +219,19 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     const std::string f = ascii_lower(j["family"].get<std::string>());
     if (f == "mlp")
       s.family = Family::mlp;
+    else if (f == "resnet" || f == "vgg")
+      s.family = f == "resnet" ? Family::resnet : Family::vgg;
     else if (f != "xmc")
-      bad(src, fmt::format("family '{}' is not one of xmc, mlp", f));
+      bad(src, fmt::format("family '{}' is not one of xmc, mlp, resnet, vgg", f));
+  }
+  if (is_cnn(s.family)) {
+    cnn_spec_from_json(text, src, s);
+    return s;
   }
   const char* width_key = s.family == Family::mlp ? "outputs" : "labels";
   only_known(j,
              {"family", "input", width_key, "layers", "loss", "batch", "max_nnz", "max_labels",
-              "topk", "seed", "skip"},
+              "topk", "seed", "skip", "fused_head"},
              "the spec", src);
   if (s.family == Family::mlp) s.input = InputKind::dense;
   const json& in = j["input"];
@@ -260,6 +267,10 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (j.contains("skip")) {
     if (!j["skip"].is_boolean()) bad(src, "skip must be true or false");
     s.skip = j["skip"].get<bool>();
+  }
+  if (j.contains("fused_head")) {
+    if (!j["fused_head"].is_boolean()) bad(src, "fused_head must be true or false");
+    s.fused_head = j["fused_head"].get<bool>();
   }
   if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
   for (size_t i = 0; i < j["layers"].size(); ++i) {
@@ -311,6 +322,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
 }
 
 std::string spec_to_json(const ModelSpec& s) {
+  if (is_cnn(s.family)) return cnn_spec_to_json(s);
   json j;
   if (s.family != Family::xmc) j["family"] = family_name(s.family);
   j["input"] = {{"kind", s.input == InputKind::sparse ? "sparse" : "dense"},
@@ -323,6 +335,7 @@ std::string spec_to_json(const ModelSpec& s) {
   j["topk"] = s.run.topk;
   j["seed"] = s.seed;
   if (s.skip) j["skip"] = true;  // absent at the defaults: older files stay byte-identical
+  if (!s.fused_head) j["fused_head"] = false;
   json layers = json::array();
   for (const LayerSpec& l : s.layers) {
     json o{{"type", layer_type(l.kind)}};

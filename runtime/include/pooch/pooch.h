@@ -216,11 +216,19 @@ typedef struct pooch_session_params {
   pooch_progress_fn progress;
   void* progress_user;
   int strategy;             /* a pooch_strategy (default AUTO; 0, KEEP, when zeroed by hand) */
-  int reserved_int;
+  int plan_only;            /* 1: plan and report only (pooch_session_memory,
+                               pooch_session_plan_json); no memory is taken and every call
+                               that would run or touch tensors fails with
+                               POOCH_ERR_UNSUPPORTED (default 0) */
   size_t host_memory;       /* cap on the host pool (staging and swapped activations); 0: none */
   double link_bandwidth;    /* CPU device only: an emulated device link, bytes/s (0: none) */
   double link_latency;      /* its latency per copy, seconds */
-  uint8_t reserved[32]; /* zero: room for new fields (see the top of this file) */
+  const char* machine_file; /* a card's description (JSON, as the source's machines/ folder
+                               holds; docs/PLANNER.md): plan for it instead of this device
+                               (its memory is the budget unless device_memory is set; node
+                               times from its roofline); NULL: none. Read during
+                               pooch_session_create. */
+  uint8_t reserved[24]; /* zero: room for new fields (see the top of this file) */
 } pooch_session_params;
 
 POOCH_API void pooch_session_default_params(pooch_session_params* p);
@@ -293,11 +301,15 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
 
 /* The train step's plan as one JSON document (docs/PLANNER.md); free it with
  * pooch_string_free. Keys: "backend", "strategy" (the one the plan came
- * from), "out_of_core", "profile" ("estimated" or "measured"), "budget",
+ * from), "out_of_core", "profile" ("estimated", "measured" or "machine"), "budget",
  * "in_core_arena", "arena" (what the step needs), "arena_taken",
  * "persistent_bytes", "host_pool" (taken), "host_bytes" (what the step
  * needs), "predicted_seconds", "predicted_in_core_seconds",
- * "compute_seconds", "swapped_bytes", "recomputed_bytes", "plans_tried";
+ * "compute_seconds", "swapped_bytes", "recomputed_bytes", "plans_tried",
+ * "plan_seconds" (the out-of-core search's wall time), "paged_bytes" (weights
+ * and optimizer state whose home is the host pool), "paged_copy_bytes" (what
+ * a step copies for them, both ways); "paged": each paged tensor as {"name",
+ * "bytes", "role"};
  * "activations": every activation saved for the backward pass as {"name",
  * "bytes", "decision" ("keep", "swap", "recompute"), "producer",
  * "last_forward", "first_backward" (positions in the program),
@@ -309,7 +321,11 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
  * order of "occupancy_fields": the slot's simulated start and end, the
  * transient region's live bytes (it starts at "persistent_bytes") by kind:
  * input, activation, swapped (back on the device), recomputed, gradient,
- * workspace, their total, and the highest byte in use ("top"). Fails with
+ * workspace, their total, the highest byte in use ("top"), and paged weights and
+ * optimizer state copied in ("paged", counted in the total); with a
+ * machine_file, "machine": {"name", "file", "memory", "usable_memory", and
+ * the achievable "flops", "memory_bandwidth", "h2d_bandwidth",
+ * "d2h_bandwidth", "link_latency" the plan used}. Fails with
  * POOCH_ERR_UNSUPPORTED for a session without a train step. */
 POOCH_API pooch_status pooch_session_plan_json(const pooch_session* s, char** json_out);
 
