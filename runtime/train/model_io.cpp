@@ -151,7 +151,7 @@ void save_session(const Session& s, const std::string& path, bool checkpoint,
 }
 
 void save_model(const Model& m, const std::string& path,
-                const std::map<std::string, std::vector<std::byte>, std::less<>>& weights) {
+                const std::map<std::string, std::span<const std::byte>, std::less<>>& weights) {
   const Graph& g = m.graph;
   Metadata meta;
   meta.set_string(meta_keys::kKind, "model");
