@@ -11,7 +11,10 @@
 // its launches over their measured time), so copies take as long relative to
 // compute as they would there.
 //
-//   pooch-bench-ooc [--steps N] [--threads T] [--quick]
+//   pooch-bench-ooc [--steps N] [--threads T] [--quick] [--cnn]
+//
+// --cnn: PoocH's own workloads instead, ResNet-50 and VGG-16 (small images
+// so that a step takes seconds on a CPU).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -75,6 +78,20 @@ ModelSpec xmc(int batch) {
   return s;
 }
 
+// ResNet-50 or VGG-16 on 3×size×size images, 10 classes.
+ModelSpec cnn(Family f, int depth, int size, int batch) {
+  ModelSpec s;
+  s.family = f;
+  s.input = InputKind::dense;
+  s.labels = 10;
+  s.loss = LossKind::softmax;
+  s.cnn.depth = depth;
+  s.cnn.height = s.cnn.width = size;
+  s.cnn.hidden = 512;  // VGG's classifier: its 4096 would dwarf the features at this size
+  s.run.batch = batch;
+  return s;
+}
+
 void fill_inputs(Session& s, int step) {
   for (const IoTensor& io : s.model().inputs) {
     if (io.row_mask) continue;
@@ -133,7 +150,7 @@ double flops_of(const Graph& g, const Node& n) {
 
 int main(int argc, char** argv) {
   int steps = 7, threads = 2;
-  bool quick = false;
+  bool quick = false, cnns = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc)
@@ -142,13 +159,18 @@ int main(int argc, char** argv) {
       threads = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick")
       quick = true;
+    else if (a == "--cnn")
+      cnns = true;
     else {
-      fmt::print(stderr, "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick]\n");
+      fmt::print(stderr, "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick] [--cnn]\n");
       return 2;
     }
   }
   std::vector<Bench> benches = {
       {"mlp-chain50", chain(50, 512, 256)}, {"mlp-norm-dropout", norm_mlp(512)}, {"xmc", xmc(256)}};
+  if (cnns)
+    benches = {{"resnet50-64px", cnn(Family::resnet, 50, 64, 8)},
+               {"vgg16-64px", cnn(Family::vgg, 16, 64, 8)}};
   if (quick) benches.resize(1);
   try {
     for (const Bench& b : benches) {
