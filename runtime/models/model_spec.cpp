@@ -137,6 +137,10 @@ void validate_spec(const ModelSpec& s) {
   } else {
     req(s.loss != LossKind::mse, "the mse loss is for mlp models (\"family\": \"mlp\")");
   }
+  req(!s.skip || (s.family == Family::xmc && s.input == InputKind::sparse),
+      "skip: the linear input -> labels path is for xmc models with sparse input");
+  req(!s.skip || s.layers.size() > 1,
+      "skip: the model is already linear (its only layer is the output layer); drop \"skip\"");
   int64_t width = s.input_width;
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const LayerSpec& l = s.layers[i];
@@ -227,7 +231,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   const char* width_key = s.family == Family::mlp ? "outputs" : "labels";
   only_known(j,
              {"family", "input", width_key, "layers", "loss", "batch", "max_nnz", "max_labels",
-              "topk", "seed"},
+              "topk", "seed", "skip", "fused_head"},
              "the spec", src);
   if (s.family == Family::mlp) s.input = InputKind::dense;
   const json& in = j["input"];
@@ -260,6 +264,14 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (j.contains("seed") && !j["seed"].is_number_unsigned())
     bad(src, fmt::format("seed is {}; it must be from 0 to {}", j["seed"].dump(), UINT64_MAX));
   s.seed = j.value("seed", s.seed);
+  if (j.contains("skip")) {
+    if (!j["skip"].is_boolean()) bad(src, "skip must be true or false");
+    s.skip = j["skip"].get<bool>();
+  }
+  if (j.contains("fused_head")) {
+    if (!j["fused_head"].is_boolean()) bad(src, "fused_head must be true or false");
+    s.fused_head = j["fused_head"].get<bool>();
+  }
   if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
   for (size_t i = 0; i < j["layers"].size(); ++i) {
     const json& l = j["layers"][i];
@@ -322,6 +334,8 @@ std::string spec_to_json(const ModelSpec& s) {
   j["max_labels"] = s.run.max_labels;
   j["topk"] = s.run.topk;
   j["seed"] = s.seed;
+  if (s.skip) j["skip"] = true;  // absent at the defaults: older files stay byte-identical
+  if (!s.fused_head) j["fused_head"] = false;
   json layers = json::array();
   for (const LayerSpec& l : s.layers) {
     json o{{"type", layer_type(l.kind)}};

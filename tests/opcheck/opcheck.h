@@ -35,7 +35,7 @@ struct OpCase {
   double atol = 1e-6;
   // Finite-difference tolerance (double precision, relative to the largest gradient).
   double fd_tol = 1e-6;
-  std::string label;  // shape summary for the report, e.g. "B=3 I=5 O=7"
+  std::string label;     // shape summary for the report, e.g. "B=3 I=5 O=7"
   bool training = true;  // the kernel context's training flag (false: inference)
 };
 
@@ -53,6 +53,7 @@ std::vector<HostTensor> random_csr(Rng& rng, int64_t rows, int64_t features, dou
 // One function per op family, each in its own file (cases_*.cpp).
 std::vector<OpCase> dense_cases(Rng& rng);
 std::vector<OpCase> sparse_cases(Rng& rng);
+std::vector<OpCase> ffi_head_cases(Rng& rng);  // part of sparse_cases (cases_ffi_head.cpp)
 std::vector<OpCase> loss_cases(Rng& rng);
 std::vector<OpCase> optim_cases(Rng& rng);
 std::vector<OpCase> conv_cases(Rng& rng);
