@@ -13,6 +13,7 @@ std::vector<KernelVariant> cpu_sparse_kernels();
 std::vector<KernelVariant> cpu_ffi_head_kernels();  // part of cpu_sparse_kernels()
 std::vector<KernelVariant> cpu_loss_kernels();
 std::vector<KernelVariant> cpu_optim_kernels();
+std::vector<KernelVariant> cpu_conv_kernels();  // oneDNN
 
 const std::vector<KernelVariant>& cpu_kernels();
 

@@ -47,6 +47,7 @@ const OpRegistry& op_registry() {
     register_ffi_head_ops(r);
     register_loss_ops(r);
     register_optimizer_ops(r);
+    register_conv_ops(r);
     return r;
   }();
   return registry;

@@ -74,6 +74,7 @@ void register_sparse_ops(OpRegistry& r);     // sparse_linear, ffi_linear, topk
 void register_ffi_head_ops(OpRegistry& r);   // ffi_loss(+_grad), ffi_topk (fused output layer)
 void register_loss_ops(OpRegistry& r);       // squared_hinge, bce_logits, softmax_xent (+ _csr)
 void register_optimizer_ops(OpRegistry& r);  // sgd/adam updates, dense and row-sparse
+void register_conv_ops(OpRegistry& r);       // conv2d, batchnorm, max/avg/global pooling
 
 // Small helpers for op definitions.
 [[noreturn]] void op_error(std::string_view op, const std::string& what);

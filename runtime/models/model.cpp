@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <unordered_set>
 
@@ -94,6 +95,18 @@ std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, u
       for (size_t i = 0; i < n; ++i) {
         const float u = kern::philox_uniform(seed, 0, key, i);
         const float v = static_cast<float>((2.0 * u - 1.0) * w.a);
+        std::memcpy(out.data() + i * 4, &v, 4);
+      }
+      break;
+    }
+    case WeightInit::Kind::normal: {
+      // Box-Muller over two uniforms of the weight's stream per value; the
+      // half-step offset keeps log() away from 0.
+      for (size_t i = 0; i < n; ++i) {
+        const double u1 = kern::philox_uniform(seed, 0, key, 2 * i) + 0x1p-25;
+        const double u2 = kern::philox_uniform(seed, 0, key, 2 * i + 1);
+        const float v = static_cast<float>(w.a * std::sqrt(-2.0 * std::log(u1)) *
+                                           std::cos(6.283185307179586 * u2));
         std::memcpy(out.data() + i * 4, &v, 4);
       }
       break;

@@ -72,7 +72,7 @@ const char* loss_name(LossKind k) {
 }
 
 const char* family_name(Family f) {
-  return f == Family::mlp ? "mlp" : "xmc";
+  return f == Family::mlp ? "mlp" : f == Family::resnet ? "resnet" : f == Family::vgg ? "vgg" : "xmc";
 }
 
 LossKind parse_loss(const std::string& name) {
@@ -103,6 +103,7 @@ ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, 
 }
 
 void validate_spec(const ModelSpec& s) {
+  if (is_cnn(s.family)) return validate_cnn_spec(s);
   auto req = [](bool ok, const std::string& what) {
     if (!ok) throw Error(POOCH_ERR_INVALID_ARG, what);
   };
@@ -218,8 +219,14 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     const std::string f = ascii_lower(j["family"].get<std::string>());
     if (f == "mlp")
       s.family = Family::mlp;
+    else if (f == "resnet" || f == "vgg")
+      s.family = f == "resnet" ? Family::resnet : Family::vgg;
     else if (f != "xmc")
-      bad(src, fmt::format("family '{}' is not one of xmc, mlp", f));
+      bad(src, fmt::format("family '{}' is not one of xmc, mlp, resnet, vgg", f));
+  }
+  if (is_cnn(s.family)) {
+    cnn_spec_from_json(text, src, s);
+    return s;
   }
   const char* width_key = s.family == Family::mlp ? "outputs" : "labels";
   only_known(j,
@@ -315,6 +322,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
 }
 
 std::string spec_to_json(const ModelSpec& s) {
+  if (is_cnn(s.family)) return cnn_spec_to_json(s);
   json j;
   if (s.family != Family::xmc) j["family"] = family_name(s.family);
   j["input"] = {{"kind", s.input == InputKind::sparse ? "sparse" : "dense"},

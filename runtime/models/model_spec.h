@@ -21,11 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "cnn_spec.h"
+
 namespace pooch {
 
 enum class InputKind { sparse, dense };
 enum class LossKind { bce, squared_hinge, softmax, mse };
-enum class Family { xmc, mlp };
+enum class Family { xmc, mlp, resnet, vgg };
 enum class LayerKind { linear, dropout, layernorm, ffi_head, dense_head };
 
 struct LayerSpec {
@@ -60,7 +62,12 @@ struct ModelSpec {
   // logits; ffi_loss, ffi_topk) unless this is false ("fused_head": false in
   // JSON): the unfused ops are the reference the fused ones are checked by.
   bool fused_head = true;
+  CnnSpec cnn;  // resnet, vgg (cnn_spec.h); labels holds the classes
 };
+
+inline bool is_cnn(Family f) {
+  return f == Family::resnet || f == Family::vgg;
+}
 
 // The common shape: input -> linear(hidden, relu) [-> linear(bottleneck,
 // relu)] [-> dropout] -> ffi(fan_in) or dense head.

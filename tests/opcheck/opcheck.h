@@ -56,5 +56,6 @@ std::vector<OpCase> sparse_cases(Rng& rng);
 std::vector<OpCase> ffi_head_cases(Rng& rng);  // part of sparse_cases (cases_ffi_head.cpp)
 std::vector<OpCase> loss_cases(Rng& rng);
 std::vector<OpCase> optim_cases(Rng& rng);
+std::vector<OpCase> conv_cases(Rng& rng);
 
 }  // namespace pooch::opcheck

@@ -1311,7 +1311,8 @@ int run_opcheck(const Options& opt) {
   const Family families[] = {{"dense", dense_cases},
                              {"sparse", sparse_cases},
                              {"loss", loss_cases},
-                             {"optim", optim_cases}};
+                             {"optim", optim_cases},
+                             {"conv", conv_cases}};
   std::vector<std::string> fd_covered;
   for (uint32_t f = 0; f < std::size(families); ++f) {
     Rng rng = family_rng(opt.seed, f);
