@@ -12,6 +12,7 @@ std::vector<KernelVariant> cpu_dense_kernels();
 std::vector<KernelVariant> cpu_sparse_kernels();
 std::vector<KernelVariant> cpu_loss_kernels();
 std::vector<KernelVariant> cpu_optim_kernels();
+std::vector<KernelVariant> cpu_lm_kernels();
 
 const std::vector<KernelVariant>& cpu_kernels();
 

@@ -27,6 +27,7 @@ std::vector<KernelVariant> cuda_dense_kernels();
 std::vector<KernelVariant> cuda_sparse_kernels();
 std::vector<KernelVariant> cuda_loss_kernels();
 std::vector<KernelVariant> cuda_optim_kernels();
+std::vector<KernelVariant> cuda_lm_kernels();
 
 // All of the above in one table, fastest first within each op.
 const std::vector<KernelVariant>& cuda_kernels();

@@ -12,6 +12,7 @@ std::vector<KernelVariant> ref_dense_kernels();
 std::vector<KernelVariant> ref_sparse_kernels();
 std::vector<KernelVariant> ref_loss_kernels();
 std::vector<KernelVariant> ref_optim_kernels();
+std::vector<KernelVariant> ref_lm_kernels();
 
 // All of the above, in one table (variant name "ref").
 const std::vector<KernelVariant>& ref_kernels();

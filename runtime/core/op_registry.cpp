@@ -46,6 +46,7 @@ const OpRegistry& op_registry() {
     register_sparse_ops(r);
     register_loss_ops(r);
     register_optimizer_ops(r);
+    register_lm_ops(r);
     return r;
   }();
   return registry;

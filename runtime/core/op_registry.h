@@ -73,6 +73,7 @@ void register_dense_ops(OpRegistry& r);      // linear, relu, gelu, dropout, lay
 void register_sparse_ops(OpRegistry& r);     // sparse_linear, ffi_linear, topk
 void register_loss_ops(OpRegistry& r);       // squared_hinge, bce_logits, softmax_xent (+ _csr)
 void register_optimizer_ops(OpRegistry& r);  // sgd/adam updates, dense and row-sparse
+void register_lm_ops(OpRegistry& r);  // embedding, gelu_tanh, causal_attention, linear_xent_index
 
 // Small helpers for op definitions.
 [[noreturn]] void op_error(std::string_view op, const std::string& what);

@@ -1,12 +1,21 @@
 #include "build.h"
 
+#include "gpt.h"
 #include "mlp.h"
 #include "xmc.h"
 
 namespace pooch {
 
 std::unique_ptr<Model> build_model(const ModelSpec& spec) {
-  return spec.family == Family::mlp ? build_mlp_model(spec) : build_xmc_model(spec);
+  switch (spec.family) {
+    case Family::mlp:
+      return build_mlp_model(spec);
+    case Family::gpt:
+      return build_gpt_model(spec);
+    case Family::xmc:
+      break;
+  }
+  return build_xmc_model(spec);
 }
 
 }  // namespace pooch

@@ -35,6 +35,10 @@ struct OpCase {
   double atol = 1e-6;
   // Finite-difference tolerance (double precision, relative to the largest gradient).
   double fd_tol = 1e-6;
+  // False: the backward ops are checked on every backend but not against
+  // finite differences (large cases whose reference forward pass is too slow
+  // to repeat twice per sampled element).
+  bool finite_differences = true;
   std::string label;  // shape summary for the report, e.g. "B=3 I=5 O=7"
   bool training = true;  // the kernel context's training flag (false: inference)
 };
@@ -55,5 +59,6 @@ std::vector<OpCase> dense_cases(Rng& rng);
 std::vector<OpCase> sparse_cases(Rng& rng);
 std::vector<OpCase> loss_cases(Rng& rng);
 std::vector<OpCase> optim_cases(Rng& rng);
+std::vector<OpCase> lm_cases(Rng& rng);
 
 }  // namespace pooch::opcheck
