@@ -76,6 +76,7 @@ case "$cmd" in
     "$BUILD/tests/pooch-opcheck" --bench
     /usr/bin/python3 bench/xmc/run.py --build "$BUILD"
     "$BUILD/bench/pooch-bench-ooc"
+    /usr/bin/python3 bench/lm/run.py --build "$BUILD"
     ;;
   *)
     echo "usage: ./pooch.sh demo [demo flags] | test | bench" >&2
