@@ -161,6 +161,7 @@ case "$cmd" in
     /usr/bin/python3 bench/xmc/run.py --build "$BUILD" --debtags
     /usr/bin/python3 bench/ffi/run.py --build "$BUILD"
     "$BUILD/bench/pooch-bench-ooc"
+    /usr/bin/python3 bench/lm/run.py --build "$BUILD"
     ;;
   *)
     echo "usage: ./pooch.sh demo [demo flags] | test | sanitize [asan|tsan|fuzz] | bench" >&2
