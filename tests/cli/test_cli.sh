@@ -6,6 +6,7 @@ set -uo pipefail
 
 RUN=${1:?usage: test_cli.sh PATH/TO/pooch-run}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
+MACHINES=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../machines" && pwd)  # before the cd below
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-cli.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 cd "$TMP" || exit 1
@@ -227,7 +228,6 @@ contains plan-too-small-advice plan-too-small.err 'raise --device-memory to at l
 expect plan-no-model 1 "$RUN" plan --device-memory 1M "${T[@]}"
 expect plan-svg-no-dir 2 "$RUN" plan --model incore.pooch --svg no-such-dir/s.svg "${T[@]}"
 # --machine: plan for a card described in machines/*.json; a strict reader.
-MACHINES=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../machines" && pwd)
 expect plan-machine 0 "$RUN" plan --model incore.pooch --machine "$MACHINES/gtx1650.json" \
   --json "${T[@]}"
 contains plan-machine-name plan-machine.out '^  machine +NVIDIA GeForce GTX 1650'
