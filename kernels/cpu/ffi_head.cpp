@@ -18,9 +18,10 @@
 // Softmax needs each row's log-sum-exp over all labels before any gradient:
 // a first pass keeps a running (max, sum of e^(z - max)) per row and thread.
 //
-// Determinism: each thread's share of the labels depends only on the thread
-// count, and partial results are combined in thread order, so a run repeats
-// bit for bit at a given thread count.
+// Determinism: the labels are split into kMaxSlots fixed slices (threads take
+// whole slices), each slice sums on its own, and the slices' partial results
+// are combined in slice order, so the result is bitwise the same for any
+// thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -58,7 +59,7 @@ int threads_of(const KernelArgs& a) {
 // kernel agree through slots_for), so it never writes past the workspace.
 constexpr int kMaxSlots = 8;
 int planned_slots() {
-  return std::clamp(omp_get_max_threads(), 1, kMaxSlots);
+  return kMaxSlots;
 }
 
 int64_t padded(int64_t batch) {
@@ -213,11 +214,10 @@ void label_range(int64_t labels, int nt, int t, int64_t* lo, int64_t* hi) {
 // Per row: the log-sum-exp of its logits over every label (softmax). Each
 // thread keeps a running max and sum over its labels, merged in thread order.
 template <class I>
-void row_lse(const Layer<I>& y, const float* ht, int nt, float* ztiles, double* m_part,
+void row_lse(const Layer<I>& y, const float* ht, int nt, int th, float* ztiles, double* m_part,
              double* s_part, double* lse) {
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
+#pragma omp parallel for num_threads(th) schedule(static, 1)
+  for (int t = 0; t < nt; ++t) {
     int64_t lo, hi;
     label_range(y.labels, nt, t, &lo, &hi);
     float* z = ztiles + t * y.bp;
@@ -287,10 +287,11 @@ size_t ws_bytes(const KernelArgs& a, bool grad, int nt) {
   return n;
 }
 
-// The threads a call runs with: the session's, at most as many as the
-// workspace has slots for.
+// The label slices of a call: kMaxSlots, each summed on its own and the
+// slices combined in order, so the result does not depend on the thread
+// count (fewer only if the workspace holds fewer; it is sized for kMaxSlots).
 int slots_for(const KernelArgs& a, bool grad) {
-  int nt = threads_of(a);
+  int nt = kMaxSlots;
   while (nt > 1 && ws_bytes(a, grad, nt) > a.workspace_bytes) --nt;
   return nt;
 }
@@ -309,19 +310,19 @@ void loss_fwd(const KernelArgs& a) {
   const auto kind = static_cast<Loss>(a.attrs.geti("loss", 0));
   const int32_t* lptr = a.in[4].as<int32_t>();
   const int32_t* lidx = a.in[5].as<int32_t>();
-  const int nt = slots_for(a, false);
+  const int nt = slots_for(a, false), th = threads_of(a);
   Scratch s = carve(a, false, nt, a.workspace);
   float* out = a.out[0].as<float>();
   if (y.batch == 0) {
     *out = 0.0f;
     return;
   }
-  transpose_in(y.h, y.batch, y.hidden, y.bp, s.ht, nt);
+  transpose_in(y.h, y.batch, y.hidden, y.bp, s.ht, th);
   const int64_t np = sorted_pairs(lptr, lidx, y.batch, s.pairs);
   double total = 0;
   if (kind == Loss::xent) {
     // sum over rows of |targets| * lse - the targets' logits.
-    row_lse(y, s.ht, nt, s.z, s.m_part, s.s_part, s.lse);
+    row_lse(y, s.ht, nt, th, s.z, s.m_part, s.s_part, s.lse);
     for (int64_t r = 0; r < y.batch; ++r)
       if (lptr[r + 1] > lptr[r]) total += static_cast<double>(lptr[r + 1] - lptr[r]) * s.lse[r];
     for (int64_t p = 0; p < np; ++p) {
@@ -333,9 +334,8 @@ void loss_fwd(const KernelArgs& a) {
       total -= static_cast<float>(acc + y.bias[l]);
     }
   } else {
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num();
+#pragma omp parallel for num_threads(th) schedule(static, 1)
+    for (int t = 0; t < nt; ++t) {
       int64_t lo, hi;
       label_range(y.labels, nt, t, &lo, &hi);
       float* z = s.z + t * y.bp;
@@ -364,7 +364,7 @@ void loss_grad(const KernelArgs& a) {
   const auto kind = static_cast<Loss>(a.attrs.geti("loss", 0));
   const int32_t* lptr = a.in[4].as<int32_t>();
   const int32_t* lidx = a.in[5].as<int32_t>();
-  const int nt = slots_for(a, true);
+  const int nt = slots_for(a, true), th = threads_of(a);
   Scratch s = carve(a, true, nt, a.workspace);
   float* dh = a.out[0].as<float>();
   float* dw = a.out[1].as<float>();
@@ -374,13 +374,12 @@ void loss_grad(const KernelArgs& a) {
     std::fill(db, db + y.labels, 0.0f);
     return;
   }
-  transpose_in(y.h, y.batch, y.hidden, y.bp, s.ht, nt);
+  transpose_in(y.h, y.batch, y.hidden, y.bp, s.ht, th);
   const int64_t np = sorted_pairs(lptr, lidx, y.batch, s.pairs);
   const float k = static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(y.batch));
-  if (kind == Loss::xent) row_lse(y, s.ht, nt, s.z, s.m_part, s.s_part, s.lse);
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
+  if (kind == Loss::xent) row_lse(y, s.ht, nt, th, s.z, s.m_part, s.s_part, s.lse);
+#pragma omp parallel for num_threads(th) schedule(static, 1)
+  for (int t = 0; t < nt; ++t) {
     int64_t lo, hi;
     label_range(y.labels, nt, t, &lo, &hi);
     float* z = s.z + t * y.bp;
@@ -408,8 +407,8 @@ void loss_grad(const KernelArgs& a) {
       backward_tile(s.ht, y.bp, il, wl, y.fan_in, g, dw + l * y.fan_in, db + l, dht);
     }
   }
-  // dh[r, u] = sum over threads of dhT[u, r], in thread order.
-#pragma omp parallel for num_threads(nt) schedule(static)
+  // dh[r, u] = sum over the slices of dhT[u, r], in slice order.
+#pragma omp parallel for num_threads(th) schedule(static)
   for (int64_t u = 0; u < y.hidden; ++u)
     for (int64_t r = 0; r < y.batch; ++r) {
       float v = 0;
@@ -460,7 +459,8 @@ size_t topk_ws(const KernelArgs& a) {
 template <class I>
 void topk(const KernelArgs& a) {
   const Layer<I> y = layer_of<I>(a);
-  int nt = threads_of(a);
+  int nt = kMaxSlots;
+  const int th = threads_of(a);
   while (nt > 1 && topk_bytes(a, nt) > a.workspace_bytes) --nt;
   const int64_t k = a.out[0].shape[1];
   float* values = a.out[0].as<float>();
@@ -472,10 +472,9 @@ void topk(const KernelArgs& a) {
   float* bv = c.take<float>(nt * y.bp * k);
   auto* bi = c.take<int32_t>(nt * y.bp * k);
   auto* cnt = c.take<int64_t>(nt * y.bp);
-  transpose_in(y.h, y.batch, y.hidden, y.bp, ht, nt);
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
+  transpose_in(y.h, y.batch, y.hidden, y.bp, ht, th);
+#pragma omp parallel for num_threads(th) schedule(static, 1)
+  for (int t = 0; t < nt; ++t) {
     int64_t lo, hi;
     label_range(y.labels, nt, t, &lo, &hi);
     float* z = zt + t * y.bp;
@@ -492,8 +491,8 @@ void topk(const KernelArgs& a) {
       }
     }
   }
-  // Merge the threads' lists per row (thread t's labels all precede t+1's).
-#pragma omp parallel for num_threads(nt) schedule(static)
+  // Merge the slices' lists per row (slice t's labels all precede t+1's).
+#pragma omp parallel for num_threads(th) schedule(static)
   for (int64_t r = 0; r < y.batch; ++r) {
     float* out_v = values + r * k;
     int32_t* out_i = indices + r * k;

@@ -52,7 +52,9 @@ RewireResult rewire_fixed_fan_in(Session& s, const std::string& index_name,
   int64_t H = -1;
   if (ix && wx)
     for (const Node& n : g.nodes())
-      if (n.op == "ffi_linear" && n.inputs[1] == *ix && n.inputs[2] == *wx)
+      // The layer alone, or fused with its loss or top-k (same operand order).
+      if ((n.op == "ffi_linear" || n.op == "ffi_loss" || n.op == "ffi_topk") &&
+          n.inputs[1] == *ix && n.inputs[2] == *wx)
         H = g.tensor(n.inputs[0]).shape.back();
   if (H < 0)
     throw Error(POOCH_ERR_INVALID_ARG,
