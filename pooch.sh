@@ -19,8 +19,9 @@ FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
 # Only the benchmarks need these: the peer (Debian's PyTorch, which multiplies
 # through OpenBLAS once libopenblas0-pthread is installed) and GNU time for
-# peak memory.
-BENCH_PACKAGES=(python3-torch python3-numpy time)
+# peak memory; and a venv for PECOS XR-Linear (libpecos from PyPI), the
+# linear-tree peer of bench/xmc.
+BENCH_PACKAGES=(python3-torch python3-numpy python3-scipy python3-venv time)
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then
@@ -154,8 +155,15 @@ case "$cmd" in
     install_missing "${BENCH_PACKAGES[@]}"
     configure_and_build
     "$BUILD/tests/pooch-opcheck" --bench
-    /usr/bin/python3 bench/xmc/run.py --build "$BUILD"
+    if ! "$BUILD/venv-peers/bin/python" -c "import pecos" 2>/dev/null; then
+      /usr/bin/python3 -m venv --system-site-packages "$BUILD/venv-peers" &&
+        "$BUILD/venv-peers/bin/pip" install -q libpecos ||
+        echo "pooch.sh: libpecos did not install; bench/xmc runs without PECOS" >&2
+    fi
+    /usr/bin/python3 bench/xmc/run.py --build "$BUILD" --debtags
+    /usr/bin/python3 bench/ffi/run.py --build "$BUILD"
     "$BUILD/bench/pooch-bench-ooc"
+    /usr/bin/python3 bench/lm/run.py --build "$BUILD"
     ;;
   *)
     echo "usage: ./pooch.sh demo [demo flags] | test | sanitize [asan|tsan|fuzz] | bench" >&2

@@ -65,6 +65,12 @@ Command add_demo(CLI::App& app) {
   o->train.batch = 128;
   o->train.epochs = 5;
   o->train.lr = 8e-3f;
+  // The demo shows the fixed fan-in head (fused with its loss): its own model
+  // flags, not pooch-run train's defaults for bag-of-words data.
+  o->model.hidden = 256;
+  o->model.fan_in = 32;
+  o->model.skip = "off";
+  o->model.dropout = 0;
   CLI::App* c = app.add_subcommand(
       "demo", "Train a fixed fan-in model on a synthetic EURLex-4K-shaped set; print each epoch");
   c->add_option("--preset", o->preset, "Synthetic data set shape (see synth)")

@@ -336,10 +336,10 @@ int make_dense_model(const ModelFlags& mf, const TrainFlags& tf, const DenseData
   } else {
     source = "model flags";
     Json layers = Json::array();
-    layers.push_back({{"type", "linear"}, {"width", mf.hidden}, {"activation", "relu"}});
+    layers.push_back({{"type", "linear"}, {"width", mf.hidden_or(256)}, {"activation", "relu"}});
     if (mf.bottleneck > 0)
       layers.push_back({{"type", "linear"}, {"width", mf.bottleneck}, {"activation", "relu"}});
-    if (mf.dropout > 0) layers.push_back({{"type", "dropout"}, {"p", mf.dropout}});
+    if (mf.dropout_or(0) > 0) layers.push_back({{"type", "dropout"}, {"p", mf.dropout_or(0)}});
     layers.push_back({{"type", "dense"}});
     Json j;
     j["family"] = "mlp";

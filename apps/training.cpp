@@ -127,25 +127,37 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
                   "Model spec (JSON, docs/CLI.md); input width and labels default to the data's")
       ->type_name("FILE")
       ->group("Model");
-  app->add_option("--hidden", f.hidden, "Width of the first (linear, relu) layer")
+  app->add_option("--hidden", f.hidden,
+                  "Width of the first (linear, relu) layer (default: 512 for bag-of-words "
+                  "data, 256 for dense rows)")
       ->check(positive())
-      ->capture_default_str()
+      ->default_str("auto")
       ->group("Model");
   app->add_option("--bottleneck", f.bottleneck, "Width of a second linear layer (0: none)")
       ->check(non_negative())
       ->capture_default_str()
       ->group("Model");
-  app->add_option("--fan-in", f.fan_in, "Inputs per label of the fixed fan-in head (0: dense head)")
+  app->add_option("--fan-in", f.fan_in,
+                  "Inputs per label of the fixed fan-in head (0: dense head; default: a dense "
+                  "head when input width x labels is below 2^26, else 32)")
       ->check(non_negative())
+      ->default_str("auto")
+      ->group("Model");
+  app->add_option("--skip", f.skip,
+                  "A linear path from the sparse input straight to the labels, beside the "
+                  "network: on, off, or auto (on with a dense head on bag-of-words data)")
+      ->transform(one_of({"auto", "on", "off"}))
       ->capture_default_str()
       ->group("Model");
   app->add_option("--loss", f.loss, "Loss: squared-hinge, bce or softmax")
       ->transform(one_of({"squared-hinge", "bce", "softmax"}))
       ->capture_default_str()
       ->group("Model");
-  app->add_option("--dropout", f.dropout, "Dropout after the hidden layers (0: none)")
+  app->add_option("--dropout", f.dropout,
+                  "Dropout after the hidden layers (0: none; default: 0.3 for bag-of-words "
+                  "data, 0 for dense rows)")
       ->check(in_range(0, 0.999, false))
-      ->capture_default_str()
+      ->default_str("auto")
       ->group("Model");
 }
 
@@ -154,7 +166,9 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->check(positive())
       ->capture_default_str()
       ->group("Training");
-  app->add_option("--batch", f.batch, "Rows per step (default: the spec's or model's; 64)")
+  app->add_option("--batch", f.batch,
+                  "Rows per step (default: the spec's or model's; from the model flags 32, "
+                  "64 for dense rows)")
       ->check(batch_range())
       ->group("Training");
   app->add_option("--lr", f.lr, "Learning rate")
@@ -349,17 +363,28 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
     j["input"] = {{"kind", dense ? "dense" : "sparse"}, {"width", features}};
     j["labels"] = labels;
     Json layers = Json::array();
-    layers.push_back({{"type", "linear"}, {"width", mf.hidden}, {"activation", "relu"}});
+    const int64_t hidden = mf.hidden_or(kBowHidden);
+    const double dropout = mf.dropout_or(kBowDropout);
+    layers.push_back({{"type", "linear"}, {"width", hidden}, {"activation", "relu"}});
     if (mf.bottleneck > 0)
       layers.push_back({{"type", "linear"}, {"width", mf.bottleneck}, {"activation", "relu"}});
-    if (mf.dropout > 0) layers.push_back({{"type", "dropout"}, {"p", mf.dropout}});
-    if (mf.fan_in > 0)
-      layers.push_back({{"type", "ffi"}, {"fan_in", mf.fan_in}});
+    if (dropout > 0) layers.push_back({{"type", "dropout"}, {"p", dropout}});
+    // Left to auto: a dense head and the linear skip path where input width
+    // x labels is small enough for both, else a fixed fan-in head.
+    const bool small = static_cast<double>(features) * static_cast<double>(labels) <
+                       static_cast<double>(kAutoDenseWeights);
+    const int64_t fan_in = mf.fan_in != ModelFlags::kAuto ? mf.fan_in
+                           : small                        ? 0
+                                                          : std::min<int64_t>(32, hidden);
+    if (fan_in > 0)
+      layers.push_back({{"type", "ffi"}, {"fan_in", fan_in}});
     else
       layers.push_back({{"type", "dense"}});
     j["layers"] = layers;
     j["loss"] = mf.loss;
-    j["batch"] = tf.batch > 0 ? tf.batch : 64;
+    if (!dense && (mf.skip == "on" || (mf.skip == "auto" && fan_in == 0 && small)))
+      j["skip"] = true;
+    j["batch"] = tf.batch > 0 ? tf.batch : kBowBatch;
     j["seed"] = tf.seed;
     text = j.dump();
   }

@@ -9,14 +9,32 @@
 
 namespace cli {
 
+// Flags left at kAuto take the defaults of the model family they build: for
+// bag-of-words data what tuning on the Debtags validation split chose
+// (docs/BENCHMARKS.md, "Accuracy on Debtags": kBowHidden, kBowDropout, and the
+// output layer by the data's size), for dense rows (mlp) hidden 256 and no
+// dropout.
 struct ModelFlags {
+  static constexpr int64_t kAuto = -1;
   std::string spec;  // --spec model.json
-  int64_t hidden = 256;
+  int64_t hidden = kAuto;
   int64_t bottleneck = 0;
-  int64_t fan_in = 32;
+  int64_t fan_in = kAuto;     // kAuto: a dense head where it is small, else 32
+  std::string skip = "auto";  // linear input -> labels path: auto, on, off
   std::string loss = "bce";
-  double dropout = 0;
+  double dropout = kAuto;
+
+  int64_t hidden_or(int64_t fallback) const { return hidden == kAuto ? fallback : hidden; }
+  double dropout_or(double fallback) const { return dropout < 0 ? fallback : dropout; }
 };
+inline constexpr int64_t kBowHidden = 512;
+inline constexpr double kBowDropout = 0.3;
+inline constexpr int64_t kBowBatch = 32;  // rows per step of a model from flags
+// Below this many input x label weights (2^26: 256 MiB of f32, three times
+// that with Adam's moments) a set gets a dense output layer and the linear
+// skip path when the flags leave them to auto; above it, a fixed fan-in head
+// of 32 inputs per label and no skip path.
+inline constexpr int64_t kAutoDenseWeights = int64_t{1} << 26;
 void add_model_flags(CLI::App* app, ModelFlags& f);
 
 struct TrainFlags {

@@ -346,24 +346,27 @@ void write_hf(const std::string& dir, const GptConfig& c,
   if (ec)
     throw Error(POOCH_ERR_IO,
                 fmt::format("cannot create the directory '{}': {}", dir, ec.message()));
+  // One tensor in memory at a time: each is fetched, transposed where HF
+  // wants [in, out], and written before the next.
   const auto shapes = weight_shapes(c);
-  std::vector<std::vector<float>> data;
   std::vector<safetensors::TensorOut> out;
-  data.reserve(shapes.size());
   for (const auto& [name, shape] : shapes) {
-    std::vector<float> v = get(name);
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    POOCH_CHECK(static_cast<int64_t>(v.size()) == n, "(a weight has its shape's size)");
     std::vector<int64_t> s = shape;
-    if (is_conv1d(name)) {
-      v = transpose(v, shape[0], shape[1]);
-      std::swap(s[0], s[1]);
-    }
-    data.push_back(std::move(v));
-    out.push_back({"transformer." + name, safetensors::DType::F32, s, data.back().data()});
+    if (is_conv1d(name)) std::swap(s[0], s[1]);
+    out.push_back({"transformer." + name, safetensors::DType::F32, s, nullptr});
   }
-  safetensors::write_file((fs::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+  safetensors::write_file_streaming((fs::path(dir) / "model.safetensors").string(), out,
+                                    [&](size_t i, std::byte* dst) {
+                                      const auto& [name, shape] = shapes[i];
+                                      std::vector<float> v = get(name);
+                                      int64_t n = 1;
+                                      for (int64_t d : shape) n *= d;
+                                      POOCH_CHECK(static_cast<int64_t>(v.size()) == n,
+                                                  "(a weight has its shape's size)");
+                                      if (is_conv1d(name)) v = transpose(v, shape[0], shape[1]);
+                                      std::memcpy(dst, v.data(), v.size() * 4);
+                                    },
+                                    {{"format", "pt"}});
   file_io::AtomicFile cfg((fs::path(dir) / "config.json").string());
   cfg.write(hf_config_json(c));
   cfg.commit();

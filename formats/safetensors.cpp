@@ -369,8 +369,9 @@ std::vector<float> Reader::read_f32(const TensorInfo& t) const {
   return out;
 }
 
-void write_file(const std::string& path, const std::vector<TensorOut>& tensors,
-                const std::map<std::string, std::string>& metadata) {
+void write_file_streaming(const std::string& path, const std::vector<TensorOut>& tensors,
+                          const std::function<void(size_t i, std::byte* dst)>& fill,
+                          const std::map<std::string, std::string>& metadata) {
   json h = json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t pos = 0;
@@ -408,12 +409,28 @@ void write_file(const std::string& path, const std::vector<TensorOut>& tensors,
   file_io::AtomicFile f(path);
   f.write(&n, 8);
   f.write(text);
-  for (const TensorOut& t : tensors) {
+  std::vector<std::byte> buf;
+  for (size_t i = 0; i < tensors.size(); ++i) {
     uint64_t bytes = 0;
-    checked_bytes(t.shape, dtype_size(t.dtype), &bytes);
-    if (bytes > 0) f.write(t.data, bytes);
+    checked_bytes(tensors[i].shape, dtype_size(tensors[i].dtype), &bytes);
+    if (bytes == 0) continue;
+    buf.resize(bytes);
+    fill(i, buf.data());
+    f.write(buf.data(), bytes);
   }
   f.commit();
+}
+
+void write_file(const std::string& path, const std::vector<TensorOut>& tensors,
+                const std::map<std::string, std::string>& metadata) {
+  write_file_streaming(
+      path, tensors,
+      [&](size_t i, std::byte* dst) {
+        uint64_t bytes = 0;
+        checked_bytes(tensors[i].shape, dtype_size(tensors[i].dtype), &bytes);
+        std::memcpy(dst, tensors[i].data, bytes);
+      },
+      metadata);
 }
 
 }  // namespace pooch::safetensors

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -116,6 +117,14 @@ struct TensorOut {
 // not "__metadata__" (Error POOCH_ERR_INVALID_ARG).
 void write_file(const std::string& path, const std::vector<TensorOut>& tensors,
                 const std::map<std::string, std::string>& metadata = {});
+
+// The same, one tensor in memory at a time: `fill(i, dst)` writes tensor
+// i's bytes (its shape's elements of its dtype) into dst just before they go
+// to the file; TensorOut::data is ignored. For exporting models larger than
+// memory allows twice.
+void write_file_streaming(const std::string& path, const std::vector<TensorOut>& tensors,
+                          const std::function<void(size_t i, std::byte* dst)>& fill,
+                          const std::map<std::string, std::string>& metadata = {});
 
 // IEEE half and bfloat16 to float (exact).
 float half_to_f32(uint16_t h);

@@ -11,9 +11,11 @@
 // its launches over their measured time), so copies take as long relative to
 // compute as they would there.
 //
-//   pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning]
+//   pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning] [--cnn]
 //
 // --planning: only the planning-time table (plan-only sessions).
+// --cnn: PoocH's own workloads instead, ResNet-50 and VGG-16 (small images
+// so that a step takes seconds on a CPU).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -73,6 +75,20 @@ ModelSpec norm_mlp(int batch) {
 
 ModelSpec xmc(int batch) {
   ModelSpec s = spec_from_flags(InputKind::sparse, 20000, 4000, 512, 512, 32, LossKind::bce, 0.1);
+  s.run.batch = batch;
+  return s;
+}
+
+// ResNet-50 or VGG-16 on 3×size×size images, 10 classes.
+ModelSpec cnn(Family f, int depth, int size, int batch) {
+  ModelSpec s;
+  s.family = f;
+  s.input = InputKind::dense;
+  s.labels = 10;
+  s.loss = LossKind::softmax;
+  s.cnn.depth = depth;
+  s.cnn.height = s.cnn.width = size;
+  s.cnn.hidden = 512;  // VGG's classifier: its 4096 would dwarf the features at this size
   s.run.batch = batch;
   return s;
 }
@@ -184,7 +200,7 @@ void planning_table(int threads) {
 
 int main(int argc, char** argv) {
   int steps = 7, threads = 2;
-  bool quick = false, planning_only = false;
+  bool quick = false, planning_only = false, cnns = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--planning")
@@ -195,14 +211,17 @@ int main(int argc, char** argv) {
       threads = std::max(1, std::atoi(argv[++i]));
     else if (a == "--quick")
       quick = true;
+    else if (a == "--cnn")
+      cnns = true;
     else {
       fmt::print(stderr,
-                 "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning]\n");
+                 "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning] "
+                 "[--cnn]\n");
       return 2;
     }
   }
   try {
-    planning_table(threads);
+    if (!cnns) planning_table(threads);  // --cnn: the CNN workloads alone
   } catch (const Error& e) {
     fmt::print(stderr, "pooch-bench-ooc: {}\n", e.what());
     return 1;
@@ -210,6 +229,9 @@ int main(int argc, char** argv) {
   if (planning_only) return 0;
   std::vector<Bench> benches = {
       {"mlp-chain50", chain(50, 512, 256)}, {"mlp-norm-dropout", norm_mlp(512)}, {"xmc", xmc(256)}};
+  if (cnns)
+    benches = {{"resnet50-64px", cnn(Family::resnet, 50, 64, 8)},
+               {"vgg16-64px", cnn(Family::vgg, 16, 64, 8)}};
   if (quick) benches.resize(1);
   try {
     for (const Bench& b : benches) {

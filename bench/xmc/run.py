@@ -14,6 +14,13 @@ the test set after the last epoch, and the ratios pooch/torch.
                                       [--config NAME ...] [--work DIR] [--json FILE]
                                       [--omp-wait-policy passive] [--no-torch]
 
+PECOS XR-Linear (bench/peers/xmc_pecos.py, default settings, the same
+threads) runs beside them on every set, with its training time, P@k and
+PSP@k; it needs a Python with libpecos (--pecos-python, default
+$POOCH_PECOS_PYTHON, else $BUILD/venv-peers/bin/python, which ./pooch.sh
+bench creates). --debtags adds the real Debtags set (pooch-run train with
+its defaults for bag-of-words data, against PECOS).
+
 --quick runs only the first configuration for one epoch. Needs
 /usr/bin/time (Debian package `time`) and, for the peer, Debian's PyTorch
 (`python3-torch python3-numpy`); without PyTorch the pooch side still runs.
@@ -33,7 +40,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEER = os.path.join(ROOT, "bench", "peers", "xmc_torch.py")
+PECOS_PEER = os.path.join(ROOT, "bench", "peers", "xmc_pecos.py")
 PYTHON = "/usr/bin/python3"
+# The Debtags set (../shared/data beside the repository: the archive and the
+# script that built it); extracted into the work directory when first needed.
+DEBTAGS_ARCHIVE = os.path.join(os.path.dirname(ROOT), "shared", "data", "debtags-xmc.tar.zst")
 
 # name, preset, scale, hyper-parameters. Sized so that the whole run stays
 # under ~10 minutes on 2 cores (the PyTorch side is the slow one).
@@ -114,7 +125,74 @@ def baseline_rss(cmd, work, tag):
     return t["rss_bytes"]
 
 
-def run_config(c, pooch_run, threads, work, torch_ok, epochs=None, env=None):
+def have_pecos(python):
+    try:
+        subprocess.run([python, "-c", "import pecos, scipy"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return True
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def run_pecos(python, train, test, threads, tag, work, env):
+    """PECOS XR-Linear on a train/test pair: its JSON (P@k and PSP@k in %) and time stats."""
+    pj, pt, prc = timed([python, PECOS_PEER, "--train", train, "--test", test,
+                         "--threads", str(threads)], tag, work, env)
+    row = {"rc": prc, **pt}
+    if pj:
+        row.update({"train_s": pj["train_seconds"],
+                    **{k.lower().replace("@", ""): pj[k] / 100 for k in
+                       ("P@1", "P@3", "P@5", "PSP@1", "PSP@3", "PSP@5")}})
+    return row
+
+
+def debtags_data(work):
+    """The Debtags train/test files, extracted from the shared archive once."""
+    data = os.path.join(work, "debtags-xmc")
+    if not os.path.exists(os.path.join(data, "train.txt")):
+        if not os.path.exists(DEBTAGS_ARCHIVE):
+            return None
+        subprocess.run(["tar", "--zstd", "-xf", DEBTAGS_ARCHIVE, "-C", work], check=True)
+    return data
+
+
+def run_debtags(pooch_run, threads, work, pecos_python, env):
+    """pooch-run train with its defaults for bag-of-words data against PECOS, on Debtags."""
+    data = debtags_data(work)
+    if data is None:
+        log(f"bench/xmc: {DEBTAGS_ARCHIVE} not found; Debtags skipped")
+        return None
+    with open(os.path.join(data, "train.txt")) as f:
+        n, nf, nl = (int(x) for x in f.readline().split())
+    row = {"config": "debtags", "preset": "Debtags", "scale": 1.0, "rows": n, "features": nf,
+           "labels": nl, "hidden": "default", "fan_in": "-", "loss": "default",
+           "batch": "default", "lr": "default", "epochs": "default"}
+    model = os.path.join(work, "debtags.pooch")
+    pj, pt, prc = timed([pooch_run, "train", "--data", data, "--threads", str(threads),
+                         "--device", "cpu", "--out", model, "--json"], "debtags.pooch-run",
+                        work, env)
+    row["pooch"] = {"rc": prc, **pt}
+    if pj and pj.get("ok"):
+        eps = pj.get("epochs", [])
+        ev = pj.get("final") or (eps[-1]["eval"] if eps else {})
+        prec, psp = ev.get("precision", []), ev.get("psp", [])
+        row["pooch"].update({
+            "s_epoch": sum(e["seconds"] for e in eps) / max(len(eps), 1),
+            "train_s": sum(e["seconds"] for e in eps),
+            **{f"p{k}": prec[k - 1] for k in (1, 3, 5) if len(prec) >= k},
+            **{f"psp{k}": psp[k - 1] for k in (1, 3, 5) if len(psp) >= k},
+        })
+    for f in (model, model + ".ckpt"):
+        if os.path.exists(f):
+            os.remove(f)
+    if pecos_python:
+        row["pecos"] = run_pecos(pecos_python, os.path.join(data, "train.txt"),
+                                 os.path.join(data, "test.txt"), threads, "debtags.pecos", work,
+                                 env)
+    return row
+
+
+def run_config(c, pooch_run, threads, work, torch_ok, epochs=None, env=None, pecos_python=None):
     epochs = epochs or c["epochs"]
     data = os.path.join(work, f"{c['preset']}-{c['scale']:g}-s{c['seed']}")
     if not (os.path.exists(os.path.join(data, "train.txt"))
@@ -142,6 +220,7 @@ def run_config(c, pooch_run, threads, work, torch_ok, epochs=None, env=None):
         prec = (pj.get("final") or (eps[-1]["eval"] if eps else {})).get("precision", [])
         row["pooch"].update({
             "s_epoch": sum(e["seconds"] for e in eps) / max(len(eps), 1),
+            "train_s": sum(e["seconds"] for e in eps),
             "epoch_seconds": [e["seconds"] for e in eps],
             "loss": eps[-1]["loss"] if eps else None,
             "p1": prec[0] if len(prec) > 0 else None,
@@ -149,6 +228,8 @@ def run_config(c, pooch_run, threads, work, torch_ok, epochs=None, env=None):
             "p5": prec[4] if len(prec) > 4 else None,
             "arena_bytes": (pj.get("memory") or {}).get("arena_bytes"),
         })
+        psp = (pj.get("final") or (eps[-1]["eval"] if eps else {})).get("psp", [])
+        row["pooch"].update({f"psp{k}": psp[k - 1] for k in (1, 3, 5) if len(psp) >= k})
     elif pj:
         row["pooch"]["error"] = pj.get("error")
     for f in (model, model + ".ckpt"):
@@ -168,6 +249,10 @@ def run_config(c, pooch_run, threads, work, torch_ok, epochs=None, env=None):
                 "p1": tj["p1"], "p3": tj["p3"], "p5": tj["p5"],
                 "version": tj["torch"],
             })
+    if pecos_python:
+        row["pecos"] = run_pecos(pecos_python, os.path.join(data, "train.txt"),
+                                 os.path.join(data, "test.txt"), threads, c["name"] + ".pecos",
+                                 work, env)
     return row
 
 
@@ -190,9 +275,10 @@ def ratio(a, b):
 
 
 def table(rows, base):
-    cols = [("s/epoch", "s_epoch", "s"), ("CPU s", "cpu_s", "s"), ("wall s", "wall_s", "s"),
-            ("peak RSS MiB", "rss_bytes", "mib"), ("P@1", "p1", "p"), ("P@3", "p3", "p"),
-            ("P@5", "p5", "p")]
+    cols = [("s/epoch", "s_epoch", "s"), ("train s", "train_s", "s"), ("CPU s", "cpu_s", "s"),
+            ("wall s", "wall_s", "s"), ("peak RSS MiB", "rss_bytes", "mib"), ("P@1", "p1", "p"),
+            ("P@3", "p3", "p"), ("P@5", "p5", "p"), ("PSP@1", "psp1", "p"),
+            ("PSP@3", "psp3", "p"), ("PSP@5", "psp5", "p")]
     lines = []
     head = f"| {'config':<34} | {'run':<12} | " + " | ".join(f"{c[0]:>12}" for c in cols) + " |"
     lines.append(head)
@@ -201,8 +287,17 @@ def table(rows, base):
         desc = (f"{r['preset']} x{r['scale']:g} H{r['hidden']} K{r['fan_in']} "
                 f"B{r['batch']} E{r['epochs']}")
         p, t = r.get("pooch", {}), r.get("torch")
+        if r["config"] == "debtags":
+            desc = f"Debtags (real) pooch defaults"
         lines.append(f"| {desc:<34} | {'pooch':<12} | " +
                      " | ".join(f"{fmt(p.get(k), kind):>12}" for _, k, kind in cols) + " |")
+        e = r.get("pecos")
+        if e is not None:
+            lines.append(f"| {'':<34} | {'pecos':<12} | " +
+                         " | ".join(f"{fmt(e.get(k), kind):>12}" for _, k, kind in cols) + " |")
+            lines.append(f"| {'':<34} | {'pooch/pecos':<12} | " +
+                         " | ".join(f"{fmt(ratio(p.get(k), e.get(k)), 'x'):>12}"
+                                    for _, k, _ in cols) + " |")
         if t is not None:
             lines.append(f"| {'':<34} | {'torch':<12} | " +
                          " | ".join(f"{fmt(t.get(k), kind):>12}" for _, k, kind in cols) + " |")
@@ -228,7 +323,13 @@ def main():
     ap.add_argument("--work", help="directory for data sets and logs "
                                    "(default BUILD/bench-xmc; data sets are reused)")
     ap.add_argument("--json", help="also write all results here")
-    ap.add_argument("--no-torch", action="store_true", help="run the pooch side only")
+    ap.add_argument("--no-torch", action="store_true", help="run no PyTorch peer")
+    ap.add_argument("--pecos-python", default=os.environ.get("POOCH_PECOS_PYTHON"),
+                    help="a Python with libpecos for the PECOS XR-Linear peer (default "
+                         "$POOCH_PECOS_PYTHON, else BUILD/venv-peers/bin/python)")
+    ap.add_argument("--no-pecos", action="store_true", help="run no PECOS peer")
+    ap.add_argument("--debtags", action="store_true",
+                    help="also the real Debtags set (../shared/data/debtags-xmc.tar.zst)")
     ap.add_argument("--omp-wait-policy", choices=["passive", "active"],
                     help="set OMP_WAIT_POLICY for both sides (both use libgomp); default: "
                          "inherited. On a machine shared with other work, passive avoids "
@@ -249,6 +350,15 @@ def main():
         log(f"bench/xmc: {PYTHON} cannot import torch and numpy; running pooch only "
             "(apt-get install python3-torch python3-numpy)")
 
+    pecos_python = None
+    if not a.no_pecos:
+        cand = a.pecos_python or os.path.join(build, "venv-peers", "bin", "python")
+        if have_pecos(cand):
+            pecos_python = cand
+        else:
+            log(f"bench/xmc: {cand} cannot import pecos and scipy; no PECOS peer "
+                "(pip install libpecos, or --pecos-python)")
+
     configs = [c for c in CONFIGS if not a.config or c["name"] in a.config]
     if a.quick:
         configs = configs[:1]
@@ -265,7 +375,12 @@ def main():
     rows = []
     for c in configs:
         rows.append(run_config(c, pooch_run, a.threads, work, torch_ok,
-                               epochs=1 if a.quick else None, env=env))
+                               epochs=1 if a.quick else None, env=env,
+                               pecos_python=pecos_python))
+    if a.debtags:
+        r = run_debtags(pooch_run, a.threads, work, pecos_python, env)
+        if r:
+            rows.append(r)
     total = time.time() - t0
 
     try:
@@ -281,7 +396,8 @@ def main():
           "wall s: the whole process (data loading included), from /usr/bin/time -v.")
     print(table(rows, base))
     failed = [r["config"] for r in rows
-              if r.get("pooch", {}).get("rc") or (r.get("torch") or {}).get("rc")]
+              if r.get("pooch", {}).get("rc") or (r.get("torch") or {}).get("rc")
+              or (r.get("pecos") or {}).get("rc")]
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "startup_rss_bytes": base, "seconds": total,

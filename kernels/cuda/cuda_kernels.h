@@ -28,6 +28,8 @@ std::vector<KernelVariant> cuda_sparse_kernels();
 std::vector<KernelVariant> cuda_ffi_head_kernels();  // part of cuda_sparse_kernels()
 std::vector<KernelVariant> cuda_loss_kernels();
 std::vector<KernelVariant> cuda_optim_kernels();
+std::vector<KernelVariant> cuda_conv_kernels();  // cuDNN (conv.cu)
+std::vector<KernelVariant> cuda_lm_kernels();
 
 // All of the above in one table, fastest first within each op.
 const std::vector<KernelVariant>& cuda_kernels();

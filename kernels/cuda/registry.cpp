@@ -6,7 +6,8 @@ const std::vector<KernelVariant>& cuda_kernels() {
   static const std::vector<KernelVariant> table = [] {
     std::vector<KernelVariant> all;
     for (auto family :
-         {cuda_dense_kernels, cuda_sparse_kernels, cuda_loss_kernels, cuda_optim_kernels})
+         {cuda_dense_kernels, cuda_sparse_kernels, cuda_loss_kernels, cuda_optim_kernels,
+          cuda_conv_kernels, cuda_lm_kernels})
       for (const KernelVariant& k : family()) all.push_back(k);
     return all;
   }();

@@ -14,6 +14,7 @@ std::vector<KernelVariant> ref_ffi_head_kernels();  // part of ref_sparse_kernel
 std::vector<KernelVariant> ref_loss_kernels();
 std::vector<KernelVariant> ref_optim_kernels();
 std::vector<KernelVariant> ref_conv_kernels();
+std::vector<KernelVariant> ref_lm_kernels();
 
 // All of the above, in one table (variant name "ref").
 const std::vector<KernelVariant>& ref_kernels();

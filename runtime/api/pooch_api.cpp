@@ -21,6 +21,7 @@
 #include "../core/error.h"
 #include "../core/op_registry.h"
 #include "../models/build.h"
+#include "../train/generate.h"
 #include "../train/model_io.h"
 #include "../train/trainer.h"
 #include "../train/xmc_session.h"
@@ -70,6 +71,10 @@ struct pooch_session {
   void* progress_user = nullptr;
   pooch::TrainerState state;  // where training stands (restored from a checkpoint)
   std::string resumed_from;   // the checkpoint it resumes ("": a fresh run)
+  // Generation (gpt models): a decoder on the session's device, made on the
+  // first pooch_generate, given the session's current weights at each call.
+  pooch::SessionConfig config;
+  std::unique_ptr<pooch::Generator> generator;
 };
 
 struct pooch_dataset {
@@ -331,6 +336,7 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     }
     s->progress = p->progress;
     s->progress_user = p->progress_user;
+    s->config = c;
     *out = s.release();
   });
 }
@@ -1121,3 +1127,56 @@ pooch_status fail_arg(const char* msg) {
   return fail(POOCH_ERR_INVALID_ARG, msg);
 }
 }  // namespace pooch::api
+
+/* ---------------------------------------------------------------------- */
+/* Generation                                                             */
+
+void pooch_generate_default_params(pooch_generate_params* p) {
+  if (!p) return;
+  const pooch::SamplingConfig d;
+  p->max_tokens = d.max_tokens;
+  p->temperature = d.temperature;
+  p->top_k = d.top_k;
+  p->top_p = d.top_p;
+  p->seed = d.seed;
+}
+
+pooch_status pooch_generate(pooch_session* s, const int32_t* prompt, int64_t prompt_len,
+                            const pooch_generate_params* p, pooch_token_fn on_token, void* user,
+                            int32_t* out, int64_t out_capacity, int64_t* out_len) {
+  POOCH_REQUIRE_ARG(s && prompt && p,
+                    "pooch_generate: session, prompt and params must not be NULL");
+  POOCH_REQUIRE_ARG(prompt_len > 0, "pooch_generate: prompt_len must be at least 1");
+  POOCH_REQUIRE_ARG(out_capacity >= 0 && (out || out_capacity == 0),
+                    "pooch_generate: out must hold out_capacity tokens (NULL only with 0)");
+  if (out_len) *out_len = 0;
+  return guarded([&] {
+    pooch::Session& sess = s->session();
+    if (sess.model().family != "gpt")
+      throw pooch::Error(POOCH_ERR_UNSUPPORTED,
+                         fmt::format("pooch_generate: the model is of family '{}'; generation "
+                                     "needs a gpt model",
+                                     sess.model().family.empty() ? "(none)" : sess.model().family));
+    pooch::SamplingConfig c;
+    c.max_tokens = p->max_tokens;
+    c.temperature = p->temperature;
+    c.top_k = p->top_k;
+    c.top_p = p->top_p;
+    c.seed = p->seed;
+    pooch::validate_sampling(c);
+    if (!s->generator) {
+      const pooch::ModelSpec spec =
+          pooch::spec_from_json(sess.model().spec_json, "the session's model spec");
+      s->generator = std::make_unique<pooch::Generator>(spec, s->config);
+    }
+    s->generator->copy_weights(sess);
+    int64_t n = 0;
+    s->generator->generate(std::span<const int32_t>(prompt, static_cast<size_t>(prompt_len)), c,
+                           [&](int32_t tok, int64_t i) {
+                             if (i < out_capacity) out[i] = tok;
+                             n = std::min(i + 1, out_capacity);
+                             return on_token ? on_token(user, tok, i) != 0 : true;
+                           });
+    if (out_len) *out_len = n;
+  });
+}

@@ -48,6 +48,7 @@ const OpRegistry& op_registry() {
     register_loss_ops(r);
     register_optimizer_ops(r);
     register_conv_ops(r);
+    register_lm_ops(r);
     return r;
   }();
   return registry;

@@ -75,6 +75,7 @@ void register_ffi_head_ops(OpRegistry& r);   // ffi_loss(+_grad), ffi_topk (fuse
 void register_loss_ops(OpRegistry& r);       // squared_hinge, bce_logits, softmax_xent (+ _csr)
 void register_optimizer_ops(OpRegistry& r);  // sgd/adam updates, dense and row-sparse
 void register_conv_ops(OpRegistry& r);       // conv2d, batchnorm, max/avg/global pooling
+void register_lm_ops(OpRegistry& r);  // embedding, gelu_tanh, causal_attention, linear_xent_index
 
 // Small helpers for op definitions.
 [[noreturn]] void op_error(std::string_view op, const std::string& what);

@@ -16,8 +16,10 @@ void append_optimizer(Graph& g, const std::vector<WeightGrad>& grads, const Opti
   for (const WeightGrad& wg : grads) {
     const TensorId rows = g.tensor(wg.grad).sparse_rows;
     const bool sparse = rows != kNoTensor;
+    const bool decays = cfg.decay_vectors || g.tensor(wg.weight).shape.size() >= 2;
+    const double wd = decays ? cfg.weight_decay : 0.0;
     if (cfg.kind == OptimizerConfig::Kind::sgd) {
-      Attrs a{{"lr", cfg.lr}, {"momentum", cfg.momentum}, {"weight_decay", cfg.weight_decay}};
+      Attrs a{{"lr", cfg.lr}, {"momentum", cfg.momentum}, {"weight_decay", wd}};
       const TensorId mom = add_state(g, wg.weight, "momentum");
       if (sparse)
         g.add_op("sgd_update_rows", {wg.weight, rows, wg.grad, mom}, a);
@@ -29,7 +31,7 @@ void append_optimizer(Graph& g, const std::vector<WeightGrad>& grads, const Opti
             {"beta1", cfg.beta1},
             {"beta2", cfg.beta2},
             {"eps", cfg.eps},
-            {"weight_decay", cfg.weight_decay},
+            {"weight_decay", wd},
             {"decoupled", cfg.kind == OptimizerConfig::Kind::adamw ? 1.0 : 0.0}};
     const TensorId m = add_state(g, wg.weight, "m");
     const TensorId v = add_state(g, wg.weight, "v");

@@ -14,11 +14,16 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.9;  // SGD
+  // The weight-decay mask. false: only weights of rank 2 and more decay
+  // (matrices and embedding tables), biases and norm gains do not, as GPT-2
+  // and most transformers are trained.
+  bool decay_vectors = true;
 };
 
 // One update op per weight: dense gradients use sgd_update/adam_update,
 // row-sparse ones the lazy *_rows variants. State tensors (zeros at start)
-// are named "<weight>.m", "<weight>.v" or "<weight>.momentum".
+// are named "<weight>.m", "<weight>.v" or "<weight>.momentum". Each update
+// carries its weight's decay (0 where the mask exempts the weight).
 void append_optimizer(Graph& g, const std::vector<WeightGrad>& grads, const OptimizerConfig& cfg);
 
 }  // namespace pooch

@@ -35,10 +35,11 @@ struct IoTensor {
 // counter stream of its own (fixed when the model is built), so adding a
 // tensor never shifts another's values and two builds agree bit for bit.
 struct WeightInit {
-  enum class Kind { zeros, uniform, constant, fan_in_index, normal };
+  enum class Kind { zeros, uniform, constant, fan_in_index, normal, positions };
   Kind kind = Kind::zeros;
   // uniform: bound; constant: value; fan_in_index: the input width; normal:
-  // the standard deviation (mean 0)
+  // the standard deviation (mean 0); positions: (an i32 tensor) each element
+  // its index along the last dimension, 0, 1, ..., n-1 in every row
   double a = 0;
   uint32_t stream = 0;
 };

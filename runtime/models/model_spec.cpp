@@ -7,6 +7,7 @@
 
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
+#include "gpt_spec.h"
 
 namespace pooch {
 
@@ -72,7 +73,11 @@ const char* loss_name(LossKind k) {
 }
 
 const char* family_name(Family f) {
-  return f == Family::mlp ? "mlp" : f == Family::resnet ? "resnet" : f == Family::vgg ? "vgg" : "xmc";
+  return f == Family::mlp      ? "mlp"
+         : f == Family::gpt    ? "gpt"
+         : f == Family::resnet ? "resnet"
+         : f == Family::vgg    ? "vgg"
+                               : "xmc";
 }
 
 LossKind parse_loss(const std::string& name) {
@@ -104,6 +109,7 @@ ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, 
 
 void validate_spec(const ModelSpec& s) {
   if (is_cnn(s.family)) return validate_cnn_spec(s);
+  if (s.family == Family::gpt) return validate_gpt_spec(s);
   auto req = [](bool ok, const std::string& what) {
     if (!ok) throw Error(POOCH_ERR_INVALID_ARG, what);
   };
@@ -212,6 +218,9 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     bad(src,
         fmt::format("the key \"{}\" appears twice in one object; give each field once", repeated));
   if (!j.is_object()) bad(src, "the model spec must be a JSON object");
+  if (j.contains("family") && j["family"].is_string() &&
+      ascii_lower(j["family"].get<std::string>()) == "gpt")
+    return gpt_spec_from_json(j, src);
   ModelSpec s;
   if (!j.contains("input") || !j["input"].is_object()) bad(src, "\"input\" must be an object");
   if (j.contains("family")) {
@@ -222,7 +231,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     else if (f == "resnet" || f == "vgg")
       s.family = f == "resnet" ? Family::resnet : Family::vgg;
     else if (f != "xmc")
-      bad(src, fmt::format("family '{}' is not one of xmc, mlp, resnet, vgg", f));
+      bad(src, fmt::format("family '{}' is not one of xmc, mlp, gpt, resnet, vgg", f));
   }
   if (is_cnn(s.family)) {
     cnn_spec_from_json(text, src, s);
@@ -323,6 +332,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
 
 std::string spec_to_json(const ModelSpec& s) {
   if (is_cnn(s.family)) return cnn_spec_to_json(s);
+  if (s.family == Family::gpt) return gpt_spec_to_json(s);
   json j;
   if (s.family != Family::xmc) j["family"] = family_name(s.family);
   j["input"] = {{"kind", s.input == InputKind::sparse ? "sparse" : "dense"},

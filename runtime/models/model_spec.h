@@ -16,6 +16,12 @@
 // The same form describes the "mlp" family (dense regression or
 // classification): {"family": "mlp", "input": {"kind": "dense", "width": 8},
 // "outputs": 3, "layers": [..., {"type": "dense"}], "loss": "mse" | "softmax"}.
+//
+// The "gpt" family (GPT-2 language models) has fields of its own instead of
+// layers: {"family": "gpt", "size": "gpt2", "batch": 4, "seq": 256} or
+// {"family": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 16,
+//  "vocab_size": 97, "dropout": 0.0, "layer_norm_epsilon": 1e-5}
+// (a size gives the defaults; explicit fields override them; gpt_spec.cpp).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,7 +33,7 @@ namespace pooch {
 
 enum class InputKind { sparse, dense };
 enum class LossKind { bce, squared_hinge, softmax, mse };
-enum class Family { xmc, mlp, resnet, vgg };
+enum class Family { xmc, mlp, gpt, resnet, vgg };
 enum class LayerKind { linear, dropout, layernorm, ffi_head, dense_head };
 
 struct LayerSpec {
@@ -43,9 +49,23 @@ struct LayerSpec {
 // batch may hold (0: batch * 32), the most labels predict returns.
 struct RunShape {
   int64_t batch = 64;
+  int64_t seq = 0;  // gpt: tokens per row (0: the context length n_ctx)
   int64_t max_nnz = 0;
   int64_t max_labels = 0;
   int topk = 5;
+};
+
+// A GPT-2 architecture (Hugging Face GPT2Config's names): pre-norm blocks,
+// learned positions, input and output embeddings tied. The defaults are
+// GPT-2 124M ("gpt2").
+struct GptSpec {
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  int64_t n_ctx = 1024;  // the block size: positions the model has embeddings for
+  int64_t vocab_size = 50257;
+  double dropout = 0.0;  // on embeddings, attention output and MLP output (training only)
+  double layer_norm_epsilon = 1e-5;
 };
 
 struct ModelSpec {
@@ -55,6 +75,7 @@ struct ModelSpec {
   int64_t labels = 0;
   std::vector<LayerSpec> layers;
   LossKind loss = LossKind::bce;
+  GptSpec gpt;  // family gpt only
   RunShape run;
   uint64_t seed = 1;
   bool skip = false;  // a linear input -> labels path added to the head's logits
@@ -85,5 +106,12 @@ void validate_spec(const ModelSpec& s);
 const char* loss_name(LossKind k);
 LossKind parse_loss(const std::string& name);  // "bce", "squared-hinge", "softmax", "mse"
 const char* family_name(Family f);
+
+// The GPT-2 sizes by name: "gpt2" (124M), "gpt2-medium" (355M), "gpt2-large"
+// (774M), "gpt2-xl" (1.5B); any case. Error POOCH_ERR_INVALID_ARG naming the
+// known sizes otherwise.
+GptSpec gpt_size(const std::string& name);
+// A gpt spec of that size for this run shape.
+ModelSpec gpt_spec(const GptSpec& g, int64_t batch, int64_t seq, uint64_t seed = 1);
 
 }  // namespace pooch

@@ -106,13 +106,14 @@ std::unique_ptr<Model> build_xmc_model(const ModelSpec& spec) {
   }
   if (s.skip) {
     // The linear path: every input feature straight to every label, summed
-    // with the network's logits. Zero at the start, so the first steps see
+    // with the network's logits. Named as part of the output layer ("head."):
+    // a new head (finetune --new-head) replaces it too. Zero at the start, so the first steps see
     // the network alone; its gradient reaches only the rows of the features
     // in the batch (sparse rows, as the first layer's).
-    const TensorId w =
-        weight("skip.weight", DType::f32, {s.input_width, L}, true, WeightInit::Kind::zeros, 0);
-    const TensorId b = weight("skip.bias", DType::f32, {L}, true, WeightInit::Kind::zeros, 0);
-    const TensorId lin = g.add_op1("sparse_linear", {ptr, idx, val, w, b}, {}, "skip.logits");
+    const TensorId w = weight("head.skip.weight", DType::f32, {s.input_width, L}, true,
+                              WeightInit::Kind::zeros, 0);
+    const TensorId b = weight("head.skip.bias", DType::f32, {L}, true, WeightInit::Kind::zeros, 0);
+    const TensorId lin = g.add_op1("sparse_linear", {ptr, idx, val, w, b}, {}, "head.skip.logits");
     logits = g.add_op1("add", {logits, lin}, {}, "logits.sum");
   }
   const Attrs k{{"k", s.run.topk}};

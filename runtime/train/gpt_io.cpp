@@ -8,6 +8,7 @@
 #include <set>
 
 #include "../../formats/pooch_file.h"
+#include "../../formats/scratch_file.h"
 #include "../core/error.h"
 #include "model_io.h"
 
@@ -15,14 +16,16 @@ namespace pooch {
 
 gpt_ckpt::GptConfig import_gpt(const std::string& from, const std::string& out,
                                const GptBuilder& build) {
-  std::map<std::string, std::vector<std::byte>, std::less<>> weights;
+  // Each converted weight goes to a scratch file beside `out` as it comes,
+  // so one tensor at a time is in memory, whatever the model's size.
+  const size_t slash = out.find_last_of('/');
+  file_io::ScratchFile scratch(slash == std::string::npos ? "." : out.substr(0, slash + 1),
+                               "the imported weights");
+  std::map<std::string, std::pair<uint64_t, size_t>> where;
   std::map<std::string, std::vector<int64_t>> shapes;
   auto sink = [&](gpt_ckpt::Weight&& w) {
-    std::vector<std::byte> b(w.data.size() * 4);
-    std::memcpy(b.data(), w.data.data(), b.size());
+    where[w.name] = {scratch.append(w.data.data(), w.data.size() * 4), w.data.size() * 4};
     shapes[w.name] = w.shape;
-    weights[w.name] = std::move(b);
-    w.data = {};  // one float copy at a time
   };
   const gpt_ckpt::GptConfig cfg =
       gpt_ckpt::is_hf_dir(from) ? gpt_ckpt::read_hf(from, sink) : gpt_ckpt::read_llmc(from, sink);
@@ -46,6 +49,9 @@ gpt_ckpt::GptConfig import_gpt(const std::string& from, const std::string& out,
       throw Error(POOCH_ERR_BAD_INPUT,
                   fmt::format("{}: weight '{}' has no place in the model built from its config",
                               from, name));
+  scratch.map();
+  std::map<std::string, std::span<const std::byte>, std::less<>> weights;
+  for (const auto& [name, at] : where) weights[name] = scratch.bytes(at.first, at.second);
   save_model(*m, out, weights);
   return cfg;
 }

@@ -25,6 +25,7 @@ std::string optimizer_to_json(const OptimizerConfig& o) {
   nlohmann::json j{{"kind", kind},          {"lr", o.lr},   {"beta1", o.beta1},
                    {"beta2", o.beta2},      {"eps", o.eps}, {"weight_decay", o.weight_decay},
                    {"momentum", o.momentum}};
+  if (!o.decay_vectors) j["decay_vectors"] = false;  // absent: every weight decays
   return j.dump();
 }
 
@@ -47,6 +48,7 @@ OptimizerConfig optimizer_from_json(const std::string& text, const std::string& 
     o.eps = j.at("eps").get<double>();
     o.weight_decay = j.at("weight_decay").get<double>();
     o.momentum = j.at("momentum").get<double>();
+    if (j.contains("decay_vectors")) o.decay_vectors = j.at("decay_vectors").get<bool>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(POOCH_ERR_BAD_INPUT,
                 fmt::format("{}: the optimizer settings are malformed: {}", source, e.what()));
@@ -151,7 +153,7 @@ void save_session(const Session& s, const std::string& path, bool checkpoint,
 }
 
 void save_model(const Model& m, const std::string& path,
-                const std::map<std::string, std::vector<std::byte>, std::less<>>& weights) {
+                const std::map<std::string, std::span<const std::byte>, std::less<>>& weights) {
   const Graph& g = m.graph;
   Metadata meta;
   meta.set_string(meta_keys::kKind, "model");

@@ -7,6 +7,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,7 +30,7 @@ void save_session(const Session& s, const std::string& path, bool checkpoint,
 // checkpoints writes. Error POOCH_ERR_INVALID_ARG naming a weight that is
 // missing or of the wrong size. The file loads as any model file.
 void save_model(const Model& m, const std::string& path,
-                const std::map<std::string, std::vector<std::byte>, std::less<>>& weights);
+                const std::map<std::string, std::span<const std::byte>, std::less<>>& weights);
 
 struct LoadedFile {
   PoochFile file;

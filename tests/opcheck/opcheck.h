@@ -35,7 +35,11 @@ struct OpCase {
   double atol = 1e-6;
   // Finite-difference tolerance (double precision, relative to the largest gradient).
   double fd_tol = 1e-6;
-  std::string label;     // shape summary for the report, e.g. "B=3 I=5 O=7"
+  // False: the backward ops are checked on every backend but not against
+  // finite differences (large cases whose reference forward pass is too slow
+  // to repeat twice per sampled element).
+  bool finite_differences = true;
+  std::string label;  // shape summary for the report, e.g. "B=3 I=5 O=7"
   bool training = true;  // the kernel context's training flag (false: inference)
 };
 
@@ -57,5 +61,6 @@ std::vector<OpCase> ffi_head_cases(Rng& rng);  // part of sparse_cases (cases_ff
 std::vector<OpCase> loss_cases(Rng& rng);
 std::vector<OpCase> optim_cases(Rng& rng);
 std::vector<OpCase> conv_cases(Rng& rng);
+std::vector<OpCase> lm_cases(Rng& rng);
 
 }  // namespace pooch::opcheck

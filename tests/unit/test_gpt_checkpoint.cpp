@@ -2,7 +2,7 @@
 // float32 and bfloat16 files of the same weights read into pooch's names and
 // layouts (Conv1D weights transposed), written back in the HF layout
 // byte-identical to the committed export that from_pretrained was shown to
-// load (tests/golden/make_gpt_golden.py --check), and broken files refused.
+// load (tests/golden/make_gpt_checkpoint_golden.py --check), and broken files refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -112,7 +112,7 @@ TEST(GptCheckpoint, ExportsWhatFromPretrainedLoads) {
   const Weights back = collect_hf(out);
   for (const auto& [name, x] : w) EXPECT_EQ(back.at(name).data, x.data) << name;
   // The committed export was loaded by GPT2LMHeadModel.from_pretrained with
-  // equal weights and logits (make_gpt_golden.py --check); the writer must
+  // equal weights and logits (make_gpt_checkpoint_golden.py --check); the writer must
   // keep producing those bytes.
   const std::string golden = kDir + "/pooch_export";
   if (std::getenv("POOCH_WRITE_GOLDEN")) {
@@ -254,4 +254,52 @@ TEST(GptCheckpoint, RefusesBrokenLlmcFiles) {
   spit(path, good.substr(0, 100));
   expect_error(read, {"fewer than the 1024-byte header"});
   fs::remove_all(fs::path(path).parent_path());
+}
+
+TEST(GptCheckpoint, ReadsHalfPrecisionAndRefusesIntegerTensors) {
+  gc::GptConfig c;
+  const Weights w = collect_hf(kDir + "/hf_tiny", &c);
+  const std::string dir = temp_dir("half");
+  fs::copy_file(kDir + "/hf_tiny/config.json", dir + "/config.json");
+  // Every weight as bfloat16 (truncated): read back as float32 of those values.
+  std::vector<std::vector<uint16_t>> half;
+  std::vector<safetensors::TensorOut> t;
+  for (const auto& [name, shape] : gc::weight_shapes(c)) {
+    std::vector<float> v = w.at(name).data;
+    std::vector<int64_t> s = shape;
+    if (name.find("c_attn.weight") != std::string::npos ||
+        name.find("c_proj.weight") != std::string::npos ||
+        name.find("c_fc.weight") != std::string::npos) {
+      std::vector<float> tr(v.size());
+      for (int64_t r = 0; r < shape[0]; ++r)
+        for (int64_t k = 0; k < shape[1]; ++k) tr[k * shape[0] + r] = v[r * shape[1] + k];
+      v = tr;
+      std::swap(s[0], s[1]);
+    }
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], 4);
+      h[i] = static_cast<uint16_t>(u >> 16);
+    }
+    half.push_back(std::move(h));
+    t.push_back({"transformer." + name, safetensors::DType::BF16, s, half.back().data()});
+  }
+  safetensors::write_file(dir + "/model.safetensors", t, {{"format", "pt"}});
+  const Weights back = collect_hf(dir);
+  for (const auto& [name, x] : w)
+    for (size_t i = 0; i < x.data.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &x.data[i], 4);
+      u &= 0xFFFF0000u;
+      float want;
+      std::memcpy(&want, &u, 4);
+      ASSERT_EQ(back.at(name).data[i], want) << name << " " << i;
+    }
+  // An integer tensor where a weight belongs is refused naming it.
+  std::vector<int32_t> ints(8, 1);
+  t[t.size() - 1] = {"transformer.ln_f.bias", safetensors::DType::I32, {8}, ints.data()};
+  safetensors::write_file(dir + "/model.safetensors", t, {{"format", "pt"}});
+  expect_error([&] { collect_hf(dir); }, {"'transformer.ln_f.bias' is I32, not a float tensor"});
+  fs::remove_all(dir);
 }

@@ -75,13 +75,13 @@ TEST(XmcSkip, StartsAtZeroAndTrainsOnlyTheBatchesFeatures) {
   without.predict(b, 5, l2.data(), s2.data());
   EXPECT_EQ(l1, l2);
   EXPECT_EQ(s1, s2);
-  for (float v : floats(with, "skip.weight")) ASSERT_EQ(v, 0.0f);
+  for (float v : floats(with, "head.skip.weight")) ASSERT_EQ(v, 0.0f);
   const float first = with.train_step(b);
   float last = first;
   for (int i = 0; i < 20; ++i) last = with.train_step(b);
   EXPECT_LT(last, first);
   std::set<int32_t> seen(d.col.begin(), d.col.begin() + d.row_ptr[kB]);
-  const std::vector<float> w = floats(with, "skip.weight");
+  const std::vector<float> w = floats(with, "head.skip.weight");
   int64_t moved = 0;
   for (int64_t f = 0; f < kF; ++f)
     for (int64_t l = 0; l < kL; ++l) {

@@ -406,6 +406,37 @@ POOCH_API pooch_status pooch_dataset_create_synth(const char* preset, double sca
 POOCH_API void pooch_propensity_defaults(const char* dataset_name, float* a, float* b);
 
 /* ---------------------------------------------------------------------- */
+/* Generation (gpt models)                                                */
+
+typedef struct pooch_generate_params {
+  int64_t max_tokens; /* new tokens at most (default 32) */
+  double temperature; /* 0: greedy; default 1 */
+  int64_t top_k;      /* keep the k most likely tokens; 0 (default): all */
+  double top_p;       /* keep the smallest set reaching this probability; 1 (default): all */
+  uint64_t seed;      /* the same seed gives the same tokens (default 1) */
+} pooch_generate_params;
+
+POOCH_API void pooch_generate_default_params(pooch_generate_params* p);
+
+/* Receives each new token as soon as it is sampled, with its index among the
+ * new tokens (0-based); returns 0 to stop generation after it. */
+typedef int (*pooch_token_fn)(void* user, int32_t token, int64_t index);
+
+/* Continues `prompt` (prompt_len token ids in [0, vocabulary)) with up to
+ * p->max_tokens tokens sampled from the session's model (family gpt) with
+ * its current weights, one at a time over a KV cache kept in the session's
+ * device memory (its size fixed by the context length), fewer when the
+ * context fills or `on_token` (may be NULL) returns 0. The first
+ * out_capacity new tokens are written to `out` (NULL with capacity 0: only
+ * streamed) and their count to *out_len (may be NULL). Blocking; call it from
+ * a worker thread to keep a GUI responsive (the callback runs on that
+ * thread). Not safe to run concurrently with other calls on `s`. */
+POOCH_API pooch_status pooch_generate(pooch_session* s, const int32_t* prompt, int64_t prompt_len,
+                                      const pooch_generate_params* p, pooch_token_fn on_token,
+                                      void* user, int32_t* out, int64_t out_capacity,
+                                      int64_t* out_len);
+
+/* ---------------------------------------------------------------------- */
 /* Training and evaluation                                                */
 
 typedef struct pooch_metrics {

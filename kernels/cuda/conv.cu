@@ -1,0 +1,526 @@
+// CUDA kernels of the convolutional family (docs/OPS.md, "Convolutional")
+// through cuDNN 9 (loaded on first use, cudnn_lib.h), NCHW f32.
+//
+// Everything a call needs from cuDNN (a handle for the device, tensor,
+// filter, convolution and pooling descriptors, the convolution algorithm and
+// its workspace size) is made when the schedule is planned: the kernel's
+// workspace query builds it, keyed by the call's shapes and attributes
+// (../common/call_key.h), and the launch only looks it up. Convolutions use
+// FMA math (no TF32: results stay comparable with the CPU's) and come in two
+// variants: `cudnn`, cuDNN's fastest algorithm for the shapes, and
+// `cudnn_det`, the fastest of its deterministic ones, which the planner takes
+// when determinism is asked for. Pooling uses cuDNN's deterministic max
+// pooling; batch normalisation is cuDNN's spatial mode, which also moves the
+// running averages (unbiased variance, as PyTorch).
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "../common/call_key.h"
+#include "../common/conv_geom.h"
+#include "../common/supports.h"
+#include "common.cuh"
+#include "cudnn_lib.h"
+
+namespace pooch::kern {
+namespace cuda {
+namespace {
+
+// ---- handles and prepared calls ---------------------------------------------------
+
+struct HandleSlot {
+  cudnnHandle_t h = nullptr;
+  std::mutex mu;  // one launch at a time binds it to its stream
+};
+
+int device_of(const KernelArgs& a) {
+  if (a.device) return static_cast<const LaunchEnv*>(a.device)->device;
+  const LaunchEnv* e = current_launch_env();
+  return e ? e->device : 0;
+}
+
+// The device's cuDNN handle, created on first request (normally while
+// planning); null (and *why) when cuDNN cannot create one.
+HandleSlot* handle_for(int device, std::string* why) {
+  static std::mutex mu;
+  static auto* slots = new std::unordered_map<int, std::unique_ptr<HandleSlot>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = slots->find(device);
+  if (it != slots->end()) return it->second.get();
+  if (!load_cudnn(why)) return nullptr;
+  int before = 0;
+  cudaGetDevice(&before);
+  cudaSetDevice(device);
+  auto slot = std::make_unique<HandleSlot>();
+  const cudnnStatus_t st = cudnn().cudnnCreate(&slot->h);
+  cudaSetDevice(before);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    if (why) *why = std::string("cudnnCreate: ") + cudnn().cudnnGetErrorString(st);
+    return nullptr;
+  }
+  HandleSlot* p = slot.get();
+  slots->emplace(device, std::move(slot));
+  return p;
+}
+
+struct Prepared {
+  bool ok = false;
+  char why[240] = {};
+  cudnnTensorDescriptor_t a = nullptr, b = nullptr, c = nullptr;  // roles per op (below)
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnPoolingDescriptor_t pool = nullptr;
+  int algo = 0;
+  size_t ws = 0;
+};
+
+using Builder = void (*)(const KernelArgs&, cudnnHandle_t, bool det, Prepared&);
+
+bool check(cudnnStatus_t st, const char* call, Prepared& p) {
+  if (st == CUDNN_STATUS_SUCCESS) return true;
+  if (p.why[0] == 0)
+    std::snprintf(p.why, sizeof p.why, "%s: %s", call, cudnn().cudnnGetErrorString(st));
+  return false;
+}
+
+// The prepared call for these operands (built on first sight).
+Prepared& prepared(const char* op, bool det, const KernelArgs& a, Builder build) {
+  static std::mutex mu;
+  // An ordered map: its transparent lookup by string_view is C++14 (the
+  // CUDA sources are C++17; unordered_map's is C++20).
+  static auto* cache = new std::map<std::string, std::unique_ptr<Prepared>, std::less<>>();
+  CallKey k = call_key(op, a);
+  k.add("|det=%d|dev=%d", det ? 1 : 0, device_of(a));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(k.view());
+  if (it != cache->end()) return *it->second;
+  auto p = std::make_unique<Prepared>();
+  std::string why;
+  if (HandleSlot* slot = handle_for(device_of(a), &why)) {
+    p->ok = true;
+    build(a, slot->h, det, *p);
+  } else {
+    std::snprintf(p->why, sizeof p->why, "%s", why.c_str());
+  }
+  Prepared& ref = *p;
+  cache->emplace(std::string(k.view()), std::move(p));
+  return ref;
+}
+
+cudnnTensorDescriptor_t tensor4(const int64_t* s, int rank, Prepared& p) {
+  cudnnTensorDescriptor_t d = nullptr;
+  if (!check(cudnn().cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor", p))
+    return nullptr;
+  const int n = static_cast<int>(s[0]), c = static_cast<int>(s[1]);
+  const int h = rank == 4 ? static_cast<int>(s[2]) : 1, w = rank == 4 ? static_cast<int>(s[3]) : 1;
+  p.ok = p.ok && check(cudnn().cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n,
+                                                          c, h, w),
+                       "cudnnSetTensor4dDescriptor", p);
+  return d;
+}
+cudnnTensorDescriptor_t tensor4(const TensorView& t, Prepared& p) {
+  return tensor4(t.shape, t.ndim, p);
+}
+
+// Runs `body(handle)` with the device's handle bound to the launch's stream;
+// reports a failure through the launch environment.
+template <class F>
+void with_handle(const KernelArgs& a, const char* op, const Prepared& p, F&& body) {
+  if (!p.ok) {
+    report("%s: %s", op, p.why[0] ? p.why : "cuDNN could not prepare the call");
+    return;
+  }
+  HandleSlot* slot = handle_for(device_of(a), nullptr);
+  if (!slot) {
+    report("%s: no cuDNN handle", op);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(slot->mu);
+  cudnnStatus_t st = cudnn().cudnnSetStream(slot->h, stream_of(a));
+  if (st == CUDNN_STATUS_SUCCESS) st = body(slot->h);
+  if (st != CUDNN_STATUS_SUCCESS) report("%s: %s", op, cudnn().cudnnGetErrorString(st));
+}
+
+const float kOne = 1.0f, kZero = 0.0f;
+
+// ---- convolution -----------------------------------------------------------------
+
+// The convolution descriptor and the filter of w[O, C/g, KH, KW].
+void conv_descs(const KernelArgs& a, const TensorView& w, Prepared& p) {
+  const Window win = window_of(a.attrs);
+  p.ok = p.ok && check(cudnn().cudnnCreateFilterDescriptor(&p.w), "cudnnCreateFilterDescriptor", p);
+  p.ok = p.ok && check(cudnn().cudnnSetFilter4dDescriptor(
+                           p.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, static_cast<int>(w.shape[0]),
+                           static_cast<int>(w.shape[1]), static_cast<int>(w.shape[2]),
+                           static_cast<int>(w.shape[3])),
+                       "cudnnSetFilter4dDescriptor", p);
+  p.ok = p.ok && check(cudnn().cudnnCreateConvolutionDescriptor(&p.conv),
+                       "cudnnCreateConvolutionDescriptor", p);
+  p.ok = p.ok &&
+         check(cudnn().cudnnSetConvolution2dDescriptor(
+                   p.conv, static_cast<int>(win.ph), static_cast<int>(win.pw),
+                   static_cast<int>(win.sh), static_cast<int>(win.sw), static_cast<int>(win.dh),
+                   static_cast<int>(win.dw), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+               "cudnnSetConvolution2dDescriptor", p);
+  p.ok = p.ok && check(cudnn().cudnnSetConvolutionGroupCount(p.conv, static_cast<int>(win.groups)),
+                       "cudnnSetConvolutionGroupCount", p);
+  // FMA math: no TF32 on Ampere and later.
+  p.ok = p.ok && check(cudnn().cudnnSetConvolutionMathType(p.conv, CUDNN_FMA_MATH),
+                       "cudnnSetConvolutionMathType", p);
+}
+
+// The first algorithm cuDNN ranks that works (and, `det`, is deterministic).
+template <class Perf>
+bool pick(const Perf* perf, int n, bool det, Prepared& p) {
+  for (int i = 0; i < n; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+        (!det || perf[i].determinism == CUDNN_DETERMINISTIC)) {
+      p.algo = static_cast<int>(perf[i].algo);
+      return true;
+    }
+  std::snprintf(p.why, sizeof p.why, "cuDNN offers no %salgorithm for these shapes",
+                det ? "deterministic " : "");
+  return false;
+}
+
+// a = x, b = y, c = bias [1, O, 1, 1].
+void build_conv(const KernelArgs& a, cudnnHandle_t h, bool det, Prepared& p) {
+  p.a = tensor4(a.in[0], p);
+  p.b = tensor4(a.out[0], p);
+  const int64_t bias_shape[4] = {1, a.in[1].shape[0], 1, 1};
+  p.c = tensor4(bias_shape, 4, p);
+  conv_descs(a, a.in[1], p);
+  if (!p.ok) return;
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int n = 0;
+  p.ok = check(cudnn().cudnnGetConvolutionForwardAlgorithm_v7(
+                   h, p.a, p.w, p.conv, p.b, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf),
+               "cudnnGetConvolutionForwardAlgorithm_v7", p) &&
+         pick(perf, n, det, p);
+  p.ok = p.ok &&
+         check(cudnn().cudnnGetConvolutionForwardWorkspaceSize(
+                   h, p.a, p.w, p.conv, p.b, static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), &p.ws),
+               "cudnnGetConvolutionForwardWorkspaceSize", p);
+}
+
+// a = dx, b = dy.
+void build_conv_grad_input(const KernelArgs& a, cudnnHandle_t h, bool det, Prepared& p) {
+  p.a = tensor4(a.out[0], p);
+  p.b = tensor4(a.in[0], p);
+  conv_descs(a, a.in[1], p);
+  if (!p.ok) return;
+  cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  int n = 0;
+  p.ok = check(cudnn().cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                   h, p.w, p.b, p.conv, p.a, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
+               "cudnnGetConvolutionBackwardDataAlgorithm_v7", p) &&
+         pick(perf, n, det, p);
+  p.ok = p.ok && check(cudnn().cudnnGetConvolutionBackwardDataWorkspaceSize(
+                           h, p.w, p.b, p.conv, p.a,
+                           static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), &p.ws),
+                       "cudnnGetConvolutionBackwardDataWorkspaceSize", p);
+}
+
+// a = x, b = dy, c = db [1, O, 1, 1]; the filter is dw's.
+void build_conv_grad_weight(const KernelArgs& a, cudnnHandle_t h, bool det, Prepared& p) {
+  p.a = tensor4(a.in[1], p);
+  p.b = tensor4(a.in[0], p);
+  const int64_t bias_shape[4] = {1, a.out[0].shape[0], 1, 1};
+  p.c = tensor4(bias_shape, 4, p);
+  conv_descs(a, a.out[0], p);
+  if (!p.ok) return;
+  cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  int n = 0;
+  p.ok = check(cudnn().cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                   h, p.a, p.b, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
+               "cudnnGetConvolutionBackwardFilterAlgorithm_v7", p) &&
+         pick(perf, n, det, p);
+  p.ok = p.ok && check(cudnn().cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                           h, p.a, p.b, p.conv, p.w,
+                           static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), &p.ws),
+                       "cudnnGetConvolutionBackwardFilterWorkspaceSize", p);
+}
+
+template <bool Det>
+void conv2d(const KernelArgs& a) {
+  const Prepared& p = prepared("conv2d", Det, a, build_conv);
+  with_handle(a, "conv2d", p, [&](cudnnHandle_t h) {
+    cudnnStatus_t st =
+        cudnn().cudnnConvolutionForward(h, &kOne, p.a, a.in[0].data, p.w, a.in[1].data, p.conv,
+                                        static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), a.workspace,
+                                        p.ws, &kZero, p.b, a.out[0].data);
+    if (st == CUDNN_STATUS_SUCCESS && a.n_in > 2)
+      st = cudnn().cudnnAddTensor(h, &kOne, p.c, a.in[2].data, &kOne, p.b, a.out[0].data);
+    return st;
+  });
+}
+
+template <bool Det>
+void conv2d_grad_input(const KernelArgs& a) {
+  const Prepared& p = prepared("conv2d_grad_input", Det, a, build_conv_grad_input);
+  with_handle(a, "conv2d_grad_input", p, [&](cudnnHandle_t h) {
+    return cudnn().cudnnConvolutionBackwardData(h, &kOne, p.w, a.in[1].data, p.b, a.in[0].data,
+                                                p.conv,
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo),
+                                                a.workspace, p.ws, &kZero, p.a, a.out[0].data);
+  });
+}
+
+template <bool Det>
+void conv2d_grad_weight(const KernelArgs& a) {
+  const Prepared& p = prepared("conv2d_grad_weight", Det, a, build_conv_grad_weight);
+  with_handle(a, "conv2d_grad_weight", p, [&](cudnnHandle_t h) {
+    cudnnStatus_t st = cudnn().cudnnConvolutionBackwardFilter(
+        h, &kOne, p.a, a.in[1].data, p.b, a.in[0].data, p.conv,
+        static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), a.workspace, p.ws, &kZero, p.w,
+        a.out[0].data);
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = cudnn().cudnnConvolutionBackwardBias(h, &kOne, p.b, a.in[0].data, &kZero, p.c,
+                                                a.out[1].data);
+    return st;
+  });
+}
+
+template <bool Det, void (*Build)(const KernelArgs&, cudnnHandle_t, bool, Prepared&)>
+size_t prepared_workspace(const KernelArgs& a, const char* op) {
+  const Prepared& p = prepared(op, Det, a, Build);
+  return p.ok ? p.ws : 0;
+}
+
+template <bool Det>
+size_t conv2d_ws(const KernelArgs& a) {
+  return prepared_workspace<Det, build_conv>(a, "conv2d");
+}
+template <bool Det>
+size_t conv2d_grad_input_ws(const KernelArgs& a) {
+  return prepared_workspace<Det, build_conv_grad_input>(a, "conv2d_grad_input");
+}
+template <bool Det>
+size_t conv2d_grad_weight_ws(const KernelArgs& a) {
+  return prepared_workspace<Det, build_conv_grad_weight>(a, "conv2d_grad_weight");
+}
+
+// ---- batch normalisation ----------------------------------------------------------
+
+// a = x (and y, dy, dx: one shape), b = the per-channel [1, C, 1, 1].
+void build_bn(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
+  const TensorView& x = a.in[0];
+  p.a = tensor4(x, p);
+  p.ok = p.ok && check(cudnn().cudnnCreateTensorDescriptor(&p.b), "cudnnCreateTensorDescriptor", p);
+  p.ok = p.ok && check(cudnn().cudnnDeriveBNTensorDescriptor(p.b, p.a, CUDNN_BATCHNORM_SPATIAL),
+                       "cudnnDeriveBNTensorDescriptor", p);
+}
+
+// cuDNN saves 1/√(var + eps); the op's output is the variance itself.
+__global__ void inv_std_to_var(float* v, int64_t n, float eps) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) v[i] = 1.0f / (v[i] * v[i]) - eps;
+}
+
+void batchnorm(const KernelArgs& a) {
+  const Prepared& p = prepared("batchnorm", false, a, build_bn);
+  const double eps = a.attrs.get("eps", 1e-5), mom = a.attrs.get("momentum", 0.1);
+  const bool training = !a.ctx || a.ctx->training;
+  const int64_t C = a.in[0].shape[1];
+  with_handle(a, "batchnorm", p, [&](cudnnHandle_t h) {
+    if (!training) {
+      const cudnnStatus_t st = cudnn().cudnnBatchNormalizationForwardInference(
+          h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.a, a.in[0].data, p.a, a.out[0].data, p.b,
+          a.in[1].data, a.in[2].data, a.in[3].data, a.in[4].data, eps);
+      cuda_ok(cudaMemcpyAsync(a.out[1].data, a.in[3].data, static_cast<size_t>(C) * 4,
+                              cudaMemcpyDeviceToDevice, stream_of(a)),
+              "cudaMemcpyAsync");
+      cuda_ok(cudaMemcpyAsync(a.out[2].data, a.in[4].data, static_cast<size_t>(C) * 4,
+                              cudaMemcpyDeviceToDevice, stream_of(a)),
+              "cudaMemcpyAsync");
+      return st;
+    }
+    const cudnnStatus_t st = cudnn().cudnnBatchNormalizationForwardTraining(
+        h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.a, a.in[0].data, p.a, a.out[0].data, p.b,
+        a.in[1].data, a.in[2].data, mom, a.in[3].data, a.in[4].data, eps, a.out[1].data,
+        a.out[2].data);
+    if (st == CUDNN_STATUS_SUCCESS) {
+      inv_std_to_var<<<grid_for(C, 256), 256, 0, stream_of(a)>>>(a.out[2].as<float>(), C,
+                                                                 static_cast<float>(eps));
+      launched("inv_std_to_var");
+    }
+    return st;
+  });
+}
+
+void batchnorm_grad(const KernelArgs& a) {
+  // The statistics are recomputed from x (cuDNN's saved-statistics inputs
+  // may be null): the op saves the variance, cuDNN would want 1/√(var + eps).
+  const Prepared& p = prepared("batchnorm_grad", false, a, build_bn);
+  const double eps = a.attrs.get("eps", 1e-5);
+  with_handle(a, "batchnorm_grad", p, [&](cudnnHandle_t h) {
+    return cudnn().cudnnBatchNormalizationBackward(
+        h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, p.a, a.in[1].data, p.a,
+        a.in[0].data, p.a, a.out[0].data, p.b, a.in[2].data, a.out[1].data, a.out[2].data, eps,
+        nullptr, nullptr);
+  });
+}
+
+size_t bn_ws(const KernelArgs& a) {
+  (void)prepared("batchnorm", false, a, build_bn);
+  return 0;
+}
+size_t bn_grad_ws(const KernelArgs& a) {
+  (void)prepared("batchnorm_grad", false, a, build_bn);
+  return 0;
+}
+
+// ---- pooling ---------------------------------------------------------------------
+
+// a = the image (x or dx), b = the pooled (y or dy).
+void build_pool(const KernelArgs& a, const TensorView& img, const TensorView& pooled,
+                cudnnPoolingMode_t mode, const Window& w, Prepared& p) {
+  p.a = tensor4(img, p);
+  const int64_t ps[4] = {pooled.shape[0], pooled.shape[1], pooled.ndim == 4 ? pooled.shape[2] : 1,
+                         pooled.ndim == 4 ? pooled.shape[3] : 1};
+  p.b = tensor4(ps, 4, p);
+  (void)a;
+  p.ok = p.ok &&
+         check(cudnn().cudnnCreatePoolingDescriptor(&p.pool), "cudnnCreatePoolingDescriptor", p);
+  p.ok = p.ok && check(cudnn().cudnnSetPooling2dDescriptor(
+                           p.pool, mode, CUDNN_PROPAGATE_NAN, static_cast<int>(w.kh),
+                           static_cast<int>(w.kw), static_cast<int>(w.ph), static_cast<int>(w.pw),
+                           static_cast<int>(w.sh), static_cast<int>(w.sw)),
+                       "cudnnSetPooling2dDescriptor", p);
+}
+
+cudnnPoolingMode_t avg_mode(const KernelArgs& a) {
+  return a.attrs.geti("count_include_pad", 1) ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+                                              : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+}
+
+Window whole(const TensorView& img) {
+  Window w;
+  w.kh = img.shape[2];
+  w.kw = img.shape[3];
+  return w;
+}
+
+void build_maxpool(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
+  build_pool(a, a.in[0], a.out[0], CUDNN_POOLING_MAX_DETERMINISTIC, window_of(a.attrs), p);
+}
+void build_maxpool_grad(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
+  build_pool(a, a.in[1], a.in[0], CUDNN_POOLING_MAX_DETERMINISTIC, window_of(a.attrs), p);
+}
+void build_avgpool(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
+  build_pool(a, a.in[0], a.out[0], avg_mode(a), window_of(a.attrs), p);
+}
+void build_avgpool_grad(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
+  build_pool(a, a.out[0], a.in[0], avg_mode(a), window_of(a.attrs), p);
+}
+void build_gap(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
+  build_pool(a, a.in[0], a.out[0], CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, whole(a.in[0]), p);
+}
+void build_gap_grad(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
+  build_pool(a, a.out[0], a.in[0], CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, whole(a.out[0]), p);
+}
+
+// Forward pooling: y from x.
+template <const char* Op, void (*Build)(const KernelArgs&, cudnnHandle_t, bool, Prepared&)>
+void pool_fwd(const KernelArgs& a) {
+  const Prepared& p = prepared(Op, false, a, Build);
+  with_handle(a, Op, p, [&](cudnnHandle_t h) {
+    return cudnn().cudnnPoolingForward(h, p.pool, &kOne, p.a, a.in[0].data, &kZero, p.b,
+                                       a.out[0].data);
+  });
+}
+
+// Average pooling backward: dx from dy (cuDNN reads y and x but an average
+// does not depend on them: dy and dx stand in).
+template <const char* Op, void (*Build)(const KernelArgs&, cudnnHandle_t, bool, Prepared&)>
+void avg_bwd(const KernelArgs& a) {
+  const Prepared& p = prepared(Op, false, a, Build);
+  with_handle(a, Op, p, [&](cudnnHandle_t h) {
+    return cudnn().cudnnPoolingBackward(h, p.pool, &kOne, p.b, a.in[0].data, p.b, a.in[0].data, p.a,
+                                        a.out[0].data, &kZero, p.a, a.out[0].data);
+  });
+}
+
+constexpr char kMaxPool[] = "maxpool2d";
+constexpr char kAvgPool[] = "avgpool2d";
+constexpr char kAvgPoolGrad[] = "avgpool2d_grad";
+constexpr char kGap[] = "global_avgpool";
+constexpr char kGapGrad[] = "global_avgpool_grad";
+
+void maxpool_grad(const KernelArgs& a) {
+  const Prepared& p = prepared("maxpool2d_grad", false, a, build_maxpool_grad);
+  with_handle(a, "maxpool2d_grad", p, [&](cudnnHandle_t h) {
+    return cudnn().cudnnPoolingBackward(h, p.pool, &kOne, p.b, a.in[2].data, p.b, a.in[0].data, p.a,
+                                        a.in[1].data, &kZero, p.a, a.out[0].data);
+  });
+}
+
+template <const char* Op, void (*Build)(const KernelArgs&, cudnnHandle_t, bool, Prepared&)>
+size_t prep_only(const KernelArgs& a) {
+  (void)prepared(Op, false, a, Build);
+  return 0;
+}
+constexpr char kMaxPoolGrad[] = "maxpool2d_grad";
+
+// ---- what the kernels take -------------------------------------------------------
+
+// f32, no empty operand (cuDNN rejects zero dimensions), every size within
+// cuDNN's int, and cuDNN present.
+bool supports_cudnn(const KernelArgs& a) {
+  if (!f32_operands(a)) return false;
+  for (int i = 0; i < a.n_in; ++i)
+    for (int d = 0; d < a.in[i].ndim; ++d)
+      if (a.in[i].shape[d] <= 0 || a.in[i].shape[d] > INT_MAX || a.in[i].numel() > INT_MAX)
+        return false;
+  for (int i = 0; i < a.n_out; ++i)
+    for (int d = 0; d < a.out[i].ndim; ++d)
+      if (a.out[i].shape[d] <= 0 || a.out[i].numel() > INT_MAX) return false;
+  return load_cudnn(nullptr);
+}
+
+// cuDNN's batch normalisation takes eps >= CUDNN_BN_MIN_EPSILON.
+bool supports_bn(const KernelArgs& a) {
+  return supports_cudnn(a) && a.attrs.get("eps", 1e-5) >= CUDNN_BN_MIN_EPSILON;
+}
+
+KernelVariant var(const char* op, const char* name, KernelFn fn, WorkspaceFn ws, bool det,
+                  SupportsFn s = supports_cudnn) {
+  return KernelVariant{op, name, fn, ws, det, s};
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::vector<KernelVariant> cuda_conv_kernels() {
+  using namespace cuda;
+  return {
+      var("conv2d", "cudnn", conv2d<false>, conv2d_ws<false>, false),
+      var("conv2d", "cudnn_det", conv2d<true>, conv2d_ws<true>, true),
+      var("conv2d_grad_input", "cudnn", conv2d_grad_input<false>, conv2d_grad_input_ws<false>,
+          false),
+      var("conv2d_grad_input", "cudnn_det", conv2d_grad_input<true>, conv2d_grad_input_ws<true>,
+          true),
+      var("conv2d_grad_weight", "cudnn", conv2d_grad_weight<false>, conv2d_grad_weight_ws<false>,
+          false),
+      var("conv2d_grad_weight", "cudnn_det", conv2d_grad_weight<true>, conv2d_grad_weight_ws<true>,
+          true),
+      var("batchnorm", "cudnn", batchnorm, bn_ws, true, supports_bn),
+      var("batchnorm_grad", "cudnn", batchnorm_grad, bn_grad_ws, true, supports_bn),
+      var("maxpool2d", "cudnn", pool_fwd<kMaxPool, build_maxpool>,
+          prep_only<kMaxPool, build_maxpool>, true),
+      var("maxpool2d_grad", "cudnn", maxpool_grad, prep_only<kMaxPoolGrad, build_maxpool_grad>,
+          true),
+      var("avgpool2d", "cudnn", pool_fwd<kAvgPool, build_avgpool>,
+          prep_only<kAvgPool, build_avgpool>, true),
+      var("avgpool2d_grad", "cudnn", avg_bwd<kAvgPoolGrad, build_avgpool_grad>,
+          prep_only<kAvgPoolGrad, build_avgpool_grad>, true),
+      var("global_avgpool", "cudnn", pool_fwd<kGap, build_gap>, prep_only<kGap, build_gap>, true),
+      var("global_avgpool_grad", "cudnn", avg_bwd<kGapGrad, build_gap_grad>,
+          prep_only<kGapGrad, build_gap_grad>, true),
+  };
+}
+
+}  // namespace pooch::kern

@@ -1,0 +1,72 @@
+// The gpt family's spec: sizes by name, JSON in and out, validation.
+#include <gtest/gtest.h>
+
+#include "runtime/core/error.h"
+#include "runtime/models/model_spec.h"
+
+namespace pooch {
+namespace {
+
+TEST(GptSpec, SizesByName) {
+  const GptSpec s = gpt_size("gpt2");
+  EXPECT_EQ(s.n_layer, 12);
+  EXPECT_EQ(s.n_head, 12);
+  EXPECT_EQ(s.n_embd, 768);
+  EXPECT_EQ(s.n_ctx, 1024);
+  EXPECT_EQ(s.vocab_size, 50257);
+  EXPECT_EQ(gpt_size("GPT2-Medium").n_embd, 1024);
+  EXPECT_EQ(gpt_size("gpt2-large").n_layer, 36);
+  EXPECT_EQ(gpt_size("gpt2-xl").n_head, 25);
+  EXPECT_EQ(gpt_size("gpt2-xl").n_embd, 1600);
+  try {
+    gpt_size("gpt3");
+    FAIL() << "gpt3 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt2-medium"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GptSpec, JsonRoundTrip) {
+  const ModelSpec s = spec_from_json(
+      R"({"family": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 16,
+          "vocab_size": 97, "dropout": 0.1, "batch": 3, "seq": 8, "seed": 7})",
+      "spec.json");
+  EXPECT_EQ(s.family, Family::gpt);
+  EXPECT_EQ(s.gpt.n_layer, 2);
+  EXPECT_EQ(s.gpt.n_embd, 32);
+  EXPECT_EQ(s.gpt.vocab_size, 97);
+  EXPECT_DOUBLE_EQ(s.gpt.dropout, 0.1);
+  EXPECT_EQ(s.run.batch, 3);
+  EXPECT_EQ(s.run.seq, 8);
+  EXPECT_EQ(s.seed, 7u);
+  const ModelSpec r = spec_from_json(spec_to_json(s), "again");
+  EXPECT_EQ(spec_to_json(r), spec_to_json(s));
+  // A size gives defaults; explicit fields override them.
+  const ModelSpec z = spec_from_json(R"({"family": "gpt", "size": "gpt2", "n_ctx": 256})", "z");
+  EXPECT_EQ(z.gpt.n_layer, 12);
+  EXPECT_EQ(z.gpt.n_ctx, 256);
+}
+
+void expect_refused(const char* json, const char* words) {
+  try {
+    spec_from_json(json, "bad.json");
+    FAIL() << "accepted: " << json;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("bad.json"), std::string::npos) << m;
+    EXPECT_NE(m.find(words), std::string::npos) << m;
+  }
+}
+
+TEST(GptSpec, BadSpecsNameTheField) {
+  expect_refused(R"({"family": "gpt", "n_embd": 30, "n_head": 4})", "n_head");
+  expect_refused(R"({"family": "gpt", "n_ctx": 16, "seq": 17})", "seq");
+  expect_refused(R"({"family": "gpt", "dropout": 1.0})", "dropout");
+  expect_refused(R"({"family": "gpt", "vocab_size": 0})", "vocab_size");
+  expect_refused(R"({"family": "gpt", "layers": []})", "unknown field \"layers\"");
+  expect_refused(R"({"family": "gpt", "size": "huge"})", "unknown gpt size");
+  expect_refused(R"({"family": "gpt", "n_layer": 1.5})", "n_layer must be an integer");
+}
+
+}  // namespace
+}  // namespace pooch
