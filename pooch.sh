@@ -13,8 +13,9 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev libxxhash-dev libgtest-dev libpcre2-dev libdnnl-dev
 )
 
-# The fuzz targets need clang and its libFuzzer (tests/fuzz).
-FUZZ_PACKAGES=(clang)
+# The fuzz targets need clang and its libFuzzer (tests/fuzz; in Debian 12
+# libFuzzer and the sanitizer runtimes are in libclang-rt-14-dev).
+FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
 # Only the benchmarks need these: the peer (Debian's PyTorch, which multiplies
 # through OpenBLAS once libopenblas0-pthread is installed) and GNU time for
@@ -114,7 +115,8 @@ sanitize_fuzz() {
     -Db_sanitize=address,undefined -Db_lundef=false \
     -Dcpp_args=-fno-sanitize-recover=all -Dc_args=-fno-sanitize-recover=all
   # The fuzz targets alone: they link the readers' layers, not the kernels.
-  ninja -C "$b" tests/fuzz/fuzz_{xmc_bow,xmc_split,xmc_cache,npy,pooch_file,model_spec}
+  ninja -C "$b" tests/fuzz/fuzz_{xmc_bow,xmc_split,xmc_cache,npy,pooch_file,model_spec} \
+    tests/fuzz/fuzz_{safetensors,llmc_tokens,bpe_tokenizer,image_npy}
   tests/fuzz/run.sh "$b" "${POOCH_FUZZ_SECONDS:-30}"
 }
 
