@@ -9,7 +9,7 @@ BUILD=${POOCH_BUILD:-build}
 DEBIAN_PACKAGES=(
   meson ninja-build pkg-config g++
   libopenblas-dev libopenblas0-pthread libmimalloc-dev libfmt-dev libcli11-dev
-  nlohmann-json3-dev libxxhash-dev libgtest-dev
+  nlohmann-json3-dev libxxhash-dev libgtest-dev libpcre2-dev libdnnl-dev
 )
 
 # Only the benchmarks need these: the peer (Debian's PyTorch, which multiplies

@@ -239,7 +239,18 @@ bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::stri
   if (!f.link_bandwidth.empty() && parse_size(f.link_bandwidth, &v))
     p->link_bandwidth = static_cast<double>(v);
   p->link_latency = f.link_latency;
+  p->machine_file = f.machine.empty() ? nullptr : f.machine.c_str();
+  p->plan_only = f.plan_only ? 1 : 0;
   return true;
+}
+
+void add_machine_flag(CLI::App* app, DeviceFlags& f) {
+  app->add_option("--machine", f.machine,
+                  "Plan for the card this file describes (machines/*.json: memory, compute "
+                  "rate, memory bandwidth, link) instead of this device; its memory is the "
+                  "budget unless --device-memory is given")
+      ->type_name("FILE.json")
+      ->group("Device");
 }
 
 int open_session(pooch_model* model, const DeviceFlags& f, SessionHandle& s, Output& out) {

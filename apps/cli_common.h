@@ -72,8 +72,12 @@ struct DeviceFlags {
   std::string host_memory;
   std::string link_bandwidth;
   double link_latency = 0;
+  std::string machine;     // --machine FILE (plan, train): a card's description
+  bool plan_only = false;  // plan: the session plans and takes no memory
 };
 void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_device = "auto");
+// --machine FILE: plan for a described card instead of this device.
+void add_machine_flag(CLI::App* app, DeviceFlags& f);
 // Fills the device part of session params; false (with the message in
 // *error) for an unparsable --device-memory.
 bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::string* error);

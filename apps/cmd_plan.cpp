@@ -81,14 +81,24 @@ int run_plan(PlanOpts& o) {
   ModelHandle model;
   if (int rc = model_from_flags(o.model, o.mf, o.tf, model, out)) return rc;
   SessionHandle s;
-  if (int rc = open_session(model.p, o.device, s, out)) return rc;
+  const std::string what = o.model.empty() ? o.mf.spec : o.model;
+  o.device.plan_only = true;  // nothing is trained: take no memory
+  if (int rc = open_session(model.p, o.device, s, out)) {
+    // For a described card, "it does not fit" is the answer, not a failure
+    // of the command's own: say so on stdout too (the exit code stays).
+    if (!o.device.machine.empty() && rc == kOutOfBudget) {
+      std::printf("plan of a train step of %s for %s: does not fit\n", what.c_str(),
+                  o.device.machine.c_str());
+      out.result()["fits"] = false;
+    }
+    return rc;
+  }
   char* text = nullptr;
   if (pooch_status st = pooch_session_plan_json(s.p, &text)) return out.fail(st, "plan");
   Json plan = Json::parse(text ? text : "", nullptr, false);
   pooch_string_free(&text);
   if (!plan.is_object()) return out.fail(kInternal, "plan: the library's plan is not JSON");
 
-  const std::string what = o.model.empty() ? o.mf.spec : o.model;
   const double budget = plan.value("budget", 0.0), arena = plan.value("arena", 0.0);
   const double in_core = plan.value("in_core_arena", 0.0);
   const double t = plan.value("predicted_seconds", 0.0);
@@ -96,6 +106,24 @@ int run_plan(PlanOpts& o) {
   std::printf("plan of a train step of %s (%s, %s backend, %s profile)\n", what.c_str(),
               pooch_model_family(model.p), plan.value("backend", std::string("?")).c_str(),
               plan.value("profile", std::string("?")).c_str());
+  if (plan.contains("machine")) {
+    const Json& m = plan["machine"];
+    std::printf(
+        "  machine         %s (%s): %s, %s usable; %s GFLOP/s, %s GB/s memory, link "
+        "%s/%s GB/s, %s us a copy (achievable figures)\n",
+        m.value("name", std::string("?")).c_str(), m.value("file", std::string("?")).c_str(),
+        format_bytes(m.value("memory", 0.0)).c_str(),
+        format_bytes(m.value("usable_memory", 0.0)).c_str(),
+        fmt_double("%.0f", m.value("flops", 0.0) * 1e-9).c_str(),
+        fmt_double("%.0f", m.value("memory_bandwidth", 0.0) * 1e-9).c_str(),
+        fmt_double("%.1f", m.value("h2d_bandwidth", 0.0) * 1e-9).c_str(),
+        fmt_double("%.1f", m.value("d2h_bandwidth", 0.0) * 1e-9).c_str(),
+        fmt_double("%.0f", m.value("link_latency", 0.0) * 1e6).c_str());
+    std::printf("  fits            yes: device %s, host %s\n",
+                format_bytes(plan.value("arena", 0.0)).c_str(),
+                format_bytes(plan.value("host_bytes", 0.0)).c_str());
+    out.result()["fits"] = true;
+  }
   std::printf("  budget          %s\n", budget > 0 ? format_bytes(budget).c_str() : "none");
   std::printf("  in core         arena %s, predicted step %s s\n", format_bytes(in_core).c_str(),
               fmt_double("%.4g", t0).c_str());
@@ -116,6 +144,14 @@ int run_plan(PlanOpts& o) {
               fmt_double("%.4g", t).c_str(), fmt_double("%.2f", t0 > 0 ? t / t0 : 1).c_str(),
               fmt_double("%.4g", plan.value("compute_seconds", 0.0)).c_str(),
               fmt_double("%.3g", std::max(0.0, t - plan.value("compute_seconds", 0.0))).c_str());
+
+  if (plan.value("paged_bytes", 0.0) > 0)
+    std::printf(
+        "  paged           %zu weights and optimizer states, %s at home in the host pool "
+        "(a step copies %s)\n",
+        plan.value("paged", Json::array()).size(),
+        format_bytes(plan.value("paged_bytes", 0.0)).c_str(),
+        format_bytes(plan.value("paged_copy_bytes", 0.0)).c_str());
 
   // Decisions.
   std::map<std::string, std::pair<int, double>> by;
@@ -260,6 +296,7 @@ Command add_plan(CLI::App& app) {
   c->add_option("--svg", o->svg, "Draw memory and the streams over one step")
       ->type_name("FILE.svg");
   add_device_flags(c, o->device, "cpu");
+  add_machine_flag(c, o->device);
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_plan(*o)); }};
 }

@@ -66,6 +66,7 @@ Command add_train(CLI::App& app) {
   add_train_flags(c, o->train, true);
   add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
+  add_machine_flag(c, o->device);
   add_json_flag(c, o->output);
   o->app = c;
   return {c, [o] { return o->output.finish(run_train(*o)); }};

@@ -14,5 +14,8 @@ Command add_info(CLI::App& app);
 Command add_demo(CLI::App& app);
 Command add_plan(CLI::App& app);
 Command add_profile(CLI::App& app);
+Command add_import(CLI::App& app);
+Command add_export(CLI::App& app);
+Command add_tokenize(CLI::App& app);
 
 }  // namespace cli

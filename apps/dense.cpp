@@ -123,9 +123,13 @@ class Batches {
   // targets when `targets`. Returns the status of the first failing call.
   pooch_status stage(const int64_t* idx, int64_t n, bool targets) {
     const auto w = static_cast<size_t>(io_.width);
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(x_.data() + static_cast<size_t>(i) * w,
-                  d_.x.data() + static_cast<size_t>(idx[i]) * w, w * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = x_.data() + static_cast<size_t>(i) * w;
+      std::memcpy(row, d_.x.data() + static_cast<size_t>(idx[i]) * w, w * sizeof(float));
+      if (epoch_ > 0)
+        augment_image(row, d_.image, augment_, seed_, epoch_, static_cast<uint64_t>(idx[i]),
+                      scratch_);
+    }
     if (pooch_status st =
             pooch_session_set_input(s_, kX, x_.data(), static_cast<size_t>(n) * w * sizeof(float)))
       return st;
@@ -141,6 +145,14 @@ class Batches {
       std::memcpy(y_.data() + static_cast<size_t>(i) * o,
                   d_.y.data() + static_cast<size_t>(idx[i]) * o, o * sizeof(float));
     return pooch_session_set_input(s_, kY, y_.data(), static_cast<size_t>(n) * o * sizeof(float));
+  }
+
+  // Training images staged from now on are augmented with the draws of
+  // (seed, epoch, row); epoch 0 stages them as they are (evaluation).
+  void set_augment(const Augment& a, uint64_t seed, uint64_t epoch) {
+    augment_ = a;
+    seed_ = seed;
+    epoch_ = d_.image.c && a.enabled() ? epoch : 0;
   }
 
   // Runs `program` on the staged rows; *loss gets the batch's mean loss.
@@ -161,12 +173,16 @@ class Batches {
   const DenseIo& io_;
   std::vector<float> x_, y_, p_;
   std::vector<int32_t> c_;
+  Augment augment_;
+  uint64_t seed_ = 0, epoch_ = 0;
+  std::vector<float> scratch_;
 };
 
 struct EvalResult {
   int64_t rows = 0;
   double loss = 0;      // mean over rows
   double accuracy = 0;  // classification: the fraction of rows whose best score is their class
+  double top5 = 0;      // ... whose class is among the five best scores (ties: lower ids first)
 };
 
 Json eval_json(const EvalResult& e, bool classes) {
@@ -174,13 +190,15 @@ Json eval_json(const EvalResult& e, bool classes) {
   j["rows"] = e.rows;
   j["loss"] = e.loss;
   if (classes) j["accuracy"] = e.accuracy;
+  if (classes) j["top5"] = e.top5;
   return j;
 }
 
 std::string eval_str(const EvalResult& e, bool classes) {
   char buf[96];
   if (classes)
-    std::snprintf(buf, sizeof buf, "loss %.5f  accuracy %.2f%%", e.loss, 100 * e.accuracy);
+    std::snprintf(buf, sizeof buf, "loss %.5f  accuracy %.2f%%  top-5 %.2f%%", e.loss,
+                  100 * e.accuracy, 100 * e.top5);
   else
     std::snprintf(buf, sizeof buf, "loss %.5f", e.loss);
   return buf;
@@ -190,7 +208,7 @@ std::string eval_str(const EvalResult& e, bool classes) {
 pooch_status evaluate(Batches& b, const DenseData& d, const DenseIo& io,
                       const std::vector<int64_t>& idx, EvalResult* r) {
   double loss_sum = 0;
-  int64_t right = 0;
+  int64_t right = 0, right5 = 0;
   const auto n = static_cast<int64_t>(idx.size());
   for (int64_t first = 0; first < n; first += io.rows) {
     const int64_t rows = std::min(io.rows, n - first);
@@ -205,13 +223,20 @@ pooch_status evaluate(Batches& b, const DenseData& d, const DenseIo& io,
       for (int64_t i = 0; i < rows; ++i) {
         const float* row = p + static_cast<size_t>(i) * o;
         const auto best = std::max_element(row, row + o) - row;
-        right += best == d.cls[static_cast<size_t>(idx[static_cast<size_t>(first + i)])];
+        const int32_t c = d.cls[static_cast<size_t>(idx[static_cast<size_t>(first + i)])];
+        right += best == c;
+        // The class's rank: the scores above it, and the equal ones of lower ids.
+        int64_t above = 0;
+        for (size_t k = 0; k < o; ++k)
+          above += row[k] > row[c] || (row[k] == row[c] && static_cast<int64_t>(k) < c);
+        right5 += above < 5;
       }
     }
   }
   r->rows = n;
   r->loss = n ? loss_sum / static_cast<double>(n) : 0;
   r->accuracy = n ? static_cast<double>(right) / static_cast<double>(n) : 0;
+  r->top5 = n ? static_cast<double>(right5) / static_cast<double>(n) : 0;
   return POOCH_OK;
 }
 
@@ -224,10 +249,52 @@ bool read_text(const std::string& path, std::string* text) {
   return true;
 }
 
+// Prepares an image set as the model's images were: normalised with the
+// per-channel statistics its spec records (nothing for other data).
+void prepare_images(const pooch_model* model, DenseData& d) {
+  if (!d.image.c) return;
+  const Json j = Json::parse(pooch_model_spec_json(model), nullptr, false);
+  if (!j.is_object() || !j.contains("normalize")) return;
+  const std::vector<double> mean = j["normalize"]["mean"].get<std::vector<double>>();
+  const std::vector<double> sd = j["normalize"]["std"].get<std::vector<double>>();
+  if (static_cast<int64_t>(mean.size()) == d.image.c) normalize_images(d.x, d.image, mean, sd);
+}
+
 // Fisher-Yates over a standard engine: the same order on every platform
 // (std::shuffle's algorithm is the library's own).
 void shuffle(std::vector<int64_t>& v, std::mt19937_64& gen) {
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[gen() % i]);
+}
+
+// A convolutional spec completed from an image set: the input's shape, the
+// classes, the run shape and the per-channel statistics of --data (the
+// training file: the test set is never read for them).
+int fill_image_spec(Json& j, const ModelFlags& mf, const TrainFlags& tf, const DenseData& d,
+                    Output& out) {
+  if (!d.image.c)
+    return out.fail(kBadInput, "--spec: " + mf.spec + " is a " + j["family"].get<std::string>() +
+                                   " model; its --data must be images (uint8 N×H×W×C or "
+                                   "float32 N×C×H×W), not " +
+                                   d.x_path + "'s 2-D rows");
+  if (!d.classes)
+    return out.fail(kBadInput, "--targets: " + d.y_path + " holds float targets; a " +
+                                   j["family"].get<std::string>() +
+                                   " model classifies (integer class ids)");
+  if (!j.contains("input")) j["input"] = Json::object();
+  if (j["input"].is_object()) {
+    if (!j["input"].contains("channels")) j["input"]["channels"] = d.image.c;
+    if (!j["input"].contains("height")) j["input"]["height"] = d.image.h;
+    if (!j["input"].contains("width")) j["input"]["width"] = d.image.w;
+  }
+  if (!j.contains("classes")) j["classes"] = d.outputs;
+  if (tf.batch > 0) j["batch"] = tf.batch;
+  if (tf.seed_option && tf.seed_option->count() > 0) j["seed"] = tf.seed;
+  if (!j.contains("normalize")) {
+    std::vector<double> mean, sd;
+    channel_stats(d.x, d.image, &mean, &sd);
+    j["normalize"] = {{"mean", mean}, {"std", sd}};
+  }
+  return kOk;
 }
 
 // The model of a dense training run: --spec (family, input, outputs and loss
@@ -244,6 +311,13 @@ int make_dense_model(const ModelFlags& mf, const TrainFlags& tf, const DenseData
     Json j = Json::parse(text, nullptr, false);
     if (j.is_object()) {  // else the library reports what is wrong with it
       if (!j.contains("family")) j["family"] = "mlp";
+      if (j["family"] == "resnet" || j["family"] == "vgg") {
+        if (int rc = fill_image_spec(j, mf, tf, d, out)) return rc;
+        text = j.dump();
+        if (pooch_status st = pooch_model_create_from_spec(text.c_str(), source.c_str(), &model.p))
+          return out.fail(st, "model");
+        return kOk;
+      }
       if (j["family"] != "mlp")
         return out.fail(kBadInput, "--spec: " + mf.spec + " is a " + j["family"].dump() +
                                        " model; dense data (--targets) trains an mlp model " +
@@ -326,6 +400,14 @@ void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f) {
                   "integer class ids [rows] (softmax); trains an mlp model")
       ->type_name("Y.npy")
       ->group("Dense data");
+  app->add_option("--crop-pad", f.augment.pad,
+                  "Image sets: random crops of each training image padded by this many zero "
+                  "pixels (0: none), drawn from --seed, the epoch and the row")
+      ->check(CLI::Range(0, 1 << 16))
+      ->group("Dense data");
+  app->add_flag("--flip", f.augment.flip,
+                "Image sets: flip each training image horizontally with probability 1/2")
+      ->group("Dense data");
   app->add_option("--valid-fraction", f.valid_fraction,
                   "Dense data: the fraction of rows held out and evaluated after each epoch")
       ->check(CLI::Range(0.0, 0.9))
@@ -354,6 +436,7 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
 
   ModelHandle model;
   if (int rc = make_dense_model(mf, tf, d, model, out)) return rc;
+  prepare_images(model.p, d);
   const DenseIo io = dense_io(model.p);
   const std::string name = "the model";
   if (!io.x || !io.prediction || !io.loss)
@@ -420,10 +503,15 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
     for (int epoch = 1; epoch <= tf.epochs && !stopped; ++epoch) {
       const auto te = std::chrono::steady_clock::now();
       shuffle(train, gen);
+      batches.set_augment(df.augment, tf.seed, static_cast<uint64_t>(epoch));
       double sum = 0;
       int64_t seen = 0, batch = 0;
       for (size_t first = 0; first < train.size(); first += static_cast<size_t>(io.rows)) {
         const int64_t rows = std::min<int64_t>(io.rows, static_cast<int64_t>(train.size() - first));
+        // Image models train on full batches only: batch normalisation would
+        // count a short batch's padding rows in its statistics. The rows left
+        // over take part in later epochs (each epoch reshuffles).
+        if (d.image.c && rows < io.rows && first > 0) break;
         float loss = 0;
         if (pooch_status st = batches.stage(train.data() + first, rows, true))
           return out.fail(st, "setting the inputs");
@@ -455,6 +543,7 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
       if (stopped) break;
       const double train_loss = sum / static_cast<double>(std::max<int64_t>(1, seen));
       EvalResult ev;
+      batches.set_augment(df.augment, tf.seed, 0);
       if (!valid.empty())
         if (pooch_status st = evaluate(batches, d, io, valid, &ev))
           return out.fail(st, "evaluating the held-out rows");
@@ -537,6 +626,7 @@ int run_dense_profile(const std::string& model_path, const ModelFlags& mf, const
   } else if (int rc = make_dense_model(mf, tf, d, model, out)) {
     return rc;
   }
+  prepare_images(model.p, d);
   const DenseIo io = dense_io(model.p);
   if (!io.x || !io.loss)
     return out.fail(kBadInput, name + ": a " + pooch_model_family(model.p) +
@@ -568,6 +658,7 @@ int run_dense_eval(pooch_model* model, const std::string& model_path, const std:
     if (pooch_status st = pooch_model_set_run_shape(model, batch, 0, 0))
       return out.fail(st, "--batch");
   const DenseIo io = dense_io(model);
+  prepare_images(model, d);
   if (int rc = check_width(io, d, model_path, out)) return rc;
   if (int rc = check_targets(io, d, model_path, out)) return rc;
   SessionHandle s;
@@ -601,6 +692,7 @@ int run_dense_predict(pooch_model* model, const std::string& model_path, const s
   const DenseIo io = dense_io(model);
   if (!io.prediction)
     return out.fail(kBadInput, model_path + ": the model has no output named prediction");
+  prepare_images(model, d);
   if (int rc = check_width(io, d, model_path, out)) return rc;
   SessionHandle s;
   if (int rc = open_session(model, dev, s, out)) return rc;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "image_data.h"
 #include "training.h"
 
 namespace cli {
@@ -24,6 +25,8 @@ struct DenseData {
   int64_t outputs = 0;       // regression: Y's columns; classification: the largest id + 1
   std::vector<float> y;      // rows × outputs
   std::vector<int32_t> cls;  // rows
+  // An image set (X of rank 4, image_data.h): x holds rows × C×H×W floats.
+  ImageShape image;
 };
 
 // Reads X (`x_flag` names the flag in messages) and, when y_path is not
@@ -36,6 +39,7 @@ int load_dense(const std::string& x_path, const char* x_flag, const std::string&
 struct DenseTrainFlags {
   std::string targets;          // --targets Y.npy (selects the dense path)
   double valid_fraction = 0.1;  // --valid-fraction
+  Augment augment;              // --crop-pad, --flip (image sets)
 };
 
 // --targets and --valid-fraction.

@@ -57,9 +57,10 @@ int load_dense(const std::string& x_path, const char* x_flag, const std::string&
   NpyArray a;
   std::string err;
   if (!read_npy(x_path, &a, &err)) return out.fail(kBadInput, xf + ": " + err);
-  if (!a.is_float() || a.shape.size() != 2)
+  if (a.shape.size() != 4 && (!a.is_float() || a.shape.size() != 2))
     return out.fail(kBadInput, xf + ": " + x_path + ": the features must be a 2-D float array " +
-                                   "[rows, features]; it holds " + npy_type_name(a.type) + " " +
+                                   "[rows, features] or images (uint8 N×H×W×C, float32 " +
+                                   "N×C×H×W); it holds " + npy_type_name(a.type) + " " +
                                    npy_shape_str(a.shape));
   if (a.rows() == 0 || a.row_width() == 0)
     return out.fail(kBadInput,
@@ -67,10 +68,20 @@ int load_dense(const std::string& x_path, const char* x_flag, const std::string&
   d.x_path = x_path;
   d.rows = a.rows();
   d.width = a.row_width();
-  d.x = npy_as_f32(a);
+  if (a.shape.size() == 4) {
+    if (!images_from_npy(a, &d.x, &d.image, &err))
+      return out.fail(kBadInput, xf + ": " + x_path + ": " + err);
+  } else {
+    d.x = npy_as_f32(a);
+  }
   if (const std::string bad = first_non_finite(d.x, d.width); !bad.empty())
     return out.fail(kBadInput, xf + ": " + x_path + ": " + bad);
-  if (!quiet)
+  if (!quiet && d.image.c)
+    std::printf("data: %s: %lld images of %lldx%lldx%lld (%s)\n", x_path.c_str(),
+                static_cast<long long>(d.rows), static_cast<long long>(d.image.c),
+                static_cast<long long>(d.image.h), static_cast<long long>(d.image.w),
+                npy_type_name(a.type));
+  else if (!quiet)
     std::printf("data: %s: %lld rows, %lld features (%s)\n", x_path.c_str(),
                 static_cast<long long>(d.rows), static_cast<long long>(d.width),
                 npy_type_name(a.type));

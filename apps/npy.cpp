@@ -22,7 +22,7 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
 
 size_t item_size(NpyType t) {
-  return t == NpyType::f32 || t == NpyType::i32 ? 4 : 8;
+  return t == NpyType::u8 ? 1 : t == NpyType::f32 || t == NpyType::i32 ? 4 : 8;
 }
 
 // The header of a .npy file: a Python dict literal such as
@@ -162,6 +162,8 @@ const char* npy_type_name(NpyType t) {
       return "int32";
     case NpyType::i64:
       return "int64";
+    case NpyType::u8:
+      return "uint8";
   }
   return "?";
 }
@@ -227,13 +229,15 @@ bool read_npy(const std::string& path, NpyArray* out, std::string* error) {
     type = NpyType::i32;
   else if (descr == "<i8")
     type = NpyType::i64;
+  else if (descr == "|u1" || descr == "<u1")
+    type = NpyType::u8;
   else if (descr.size() == 3 && descr[0] == '>')
     return fail("the data is big-endian ('" + descr +
                 "'); save it little-endian (in NumPy: a.astype(a.dtype.newbyteorder('<')))");
   else
     return fail("the element type '" + descr +
-                "' is not supported; use float32 ('<f4'), float64 ('<f8'), int32 ('<i4') or "
-                "int64 ('<i8')");
+                "' is not supported; use float32 ('<f4'), float64 ('<f8'), int32 ('<i4'), "
+                "int64 ('<i8') or uint8 ('|u1')");
   if (fortran)
     return fail("the array is in Fortran order; save it in C order (np.ascontiguousarray)");
   if (shape.empty()) return fail("the array is a scalar (shape ()); an array of rows is needed");
@@ -281,6 +285,8 @@ std::vector<int64_t> npy_as_i64(const NpyArray& a) {
   std::vector<int64_t> v(n);
   if (a.type == NpyType::i64) {
     if (n) std::memcpy(v.data(), a.data.data(), n * 8);
+  } else if (a.type == NpyType::u8) {
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(a.data[i]);
   } else {
     for (size_t i = 0; i < n; ++i) {
       int32_t x;

@@ -10,7 +10,7 @@
 
 namespace cli {
 
-enum class NpyType { f32, f64, i32, i64 };
+enum class NpyType { f32, f64, i32, i64, u8 };  // u8: images (read only)
 
 const char* npy_type_name(NpyType t);  // "float32", ...
 

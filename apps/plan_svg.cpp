@@ -79,6 +79,7 @@ const Series kSeries[] = {
     {"recomputed", "recomputed activations", "#f28e2b"},
     {"gradient", "gradients", "#e15759"},
     {"workspace", "kernel workspaces", "#b07aa1"},
+    {"paged", "paged weights and optimizer state, copied in", "#edc948"},
 };
 
 }  // namespace

@@ -43,8 +43,8 @@ struct SynthShape {
 struct SynthPreset {
   const char* name;
   SynthShape shape;  // at scale 1
-  // Propensity model for PSP@k (REFERENCE.md): 1/p = 1 + C (N_l + B)^-A.
-  double psp_a, psp_b;
+  // PSP@k's propensity constants come from the set's name, through the one
+  // table in runtime/train/metrics.cpp (default_propensity_ab).
 };
 
 // EURLex-4K, Wiki10-31K, AmazonCat-13K, Wiki-500K, Amazon-670K, Amazon-3M.

@@ -652,7 +652,7 @@ bool supports_topk(const KernelArgs& a) {
 }  // namespace
 
 std::vector<KernelVariant> cpu_sparse_kernels() {
-  return {
+  std::vector<KernelVariant> v = {
       {"sparse_linear", "omp", sparse_linear_omp, nullptr, true, f32_operands},
       {"sparse_linear_grad_weight", "omp", sparse_linear_grad_weight_omp,
        sparse_linear_grad_weight_ws, true, supports_sparse_grad_weight},
@@ -666,6 +666,9 @@ std::vector<KernelVariant> cpu_sparse_kernels() {
       {"topk", "omp", topk_heap, nullptr, true, supports_topk},
       {"scatter_add_rows", "omp", scatter_add_rows_omp, nullptr, true, f32_operands},
   };
+  // The fused output layer's kernels (ffi_head.cpp) belong to this family.
+  for (const KernelVariant& f : cpu_ffi_head_kernels()) v.push_back(f);
+  return v;
 }
 
 }  // namespace pooch::kern

@@ -25,6 +25,7 @@ namespace pooch::kern {
 
 std::vector<KernelVariant> cuda_dense_kernels();
 std::vector<KernelVariant> cuda_sparse_kernels();
+std::vector<KernelVariant> cuda_ffi_head_kernels();  // part of cuda_sparse_kernels()
 std::vector<KernelVariant> cuda_loss_kernels();
 std::vector<KernelVariant> cuda_optim_kernels();
 std::vector<KernelVariant> cuda_lm_kernels();

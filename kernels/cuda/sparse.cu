@@ -1383,7 +1383,7 @@ bool supports_topk(const KernelArgs& a) {
 
 std::vector<KernelVariant> cuda_sparse_kernels() {
   using namespace cuda;
-  return {
+  std::vector<KernelVariant> v = {
       {"sparse_linear", "cusparse", sparse_linear_cusparse, sparse_linear_cusparse_ws, true,
        supports_sparse_linear_cusparse},
       {"sparse_linear", "rowwise", sparse_linear_rowwise, nullptr, true, f32_operands},
@@ -1399,6 +1399,9 @@ std::vector<KernelVariant> cuda_sparse_kernels() {
       {"topk", "select", topk, topk_ws, true, supports_topk},
       {"scatter_add_rows", "cuda", scatter_add_rows, nullptr, true, f32_operands},
   };
+  // The fused output layer's kernels (ffi_head.cu) belong to this family.
+  for (const KernelVariant& f : cuda_ffi_head_kernels()) v.push_back(f);
+  return v;
 }
 
 }  // namespace pooch::kern

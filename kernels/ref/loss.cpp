@@ -8,30 +8,15 @@
 #include <limits>
 
 #include "../common/supports.h"
+#include "loss_math.h"
 #include "ref_kernels.h"
 
 namespace pooch::kern {
 namespace {
 
-// Only e^-|x| <= 1 is ever formed, and the part that grows with |x|,
-// max(x,0) - x*t, needs no exponential: accurate for logits of any magnitude.
-double bce_term(double x, double t) {
-  return std::max(x, 0.0) - x * t + std::log1p(std::exp(-std::fabs(x)));
-}
-
-// sigma(x) from the side where the exponential cannot overflow.
-double sigmoid(double x) {
-  if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
-  double e = std::exp(x);
-  return e / (1.0 + e);
-}
-
-// max(1 - s*x, 0) with the operands in the order that keeps a NaN, as
-// torch's clamp does.
-double hinge_margin(double x, double t) {
-  double s = 2.0 * t - 1.0;
-  return std::max(1.0 - s * x, 0.0);
-}
+using refmath::bce_term;
+using refmath::hinge_margin;
+using refmath::sigmoid;
 
 // log sum_l e^{x_l}, shifted by the row maximum so no exponential exceeds 1.
 // Without a finite maximum (a +inf or an all -inf row) no shift helps; the
@@ -342,11 +327,14 @@ std::vector<KernelVariant> ref_loss_kernels() {
       {"bce_logits_csr", "ref", csr_fwd<Loss::bce>, csr_workspace, true, ref_float_operands},
       {"bce_logits_csr_grad", "ref", csr_grad<Loss::bce>, csr_workspace, true, ref_float_operands},
       {"squared_hinge_csr", "ref", csr_fwd<Loss::hinge>, csr_workspace, true, ref_float_operands},
-      {"squared_hinge_csr_grad", "ref", csr_grad<Loss::hinge>, csr_workspace, true, ref_float_operands},
+      {"squared_hinge_csr_grad", "ref", csr_grad<Loss::hinge>, csr_workspace, true,
+       ref_float_operands},
       {"softmax_xent_csr", "ref", csr_fwd<Loss::xent>, csr_workspace, true, ref_float_operands},
-      {"softmax_xent_csr_grad", "ref", csr_grad<Loss::xent>, csr_workspace, true, ref_float_operands},
+      {"softmax_xent_csr_grad", "ref", csr_grad<Loss::xent>, csr_workspace, true,
+       ref_float_operands},
       {"mse", "ref", by_dtype<mse_fwd<float>, mse_fwd<double>>, nullptr, true, ref_float_operands},
-      {"mse_grad", "ref", by_dtype<mse_grad<float>, mse_grad<double>>, nullptr, true, ref_float_operands},
+      {"mse_grad", "ref", by_dtype<mse_grad<float>, mse_grad<double>>, nullptr, true,
+       ref_float_operands},
       {"softmax_xent_index", "ref", by_dtype<xent_index_fwd<float>, xent_index_fwd<double>>,
        nullptr, true, ref_float_operands},
       {"softmax_xent_index_grad", "ref", by_dtype<xent_index_grad<float>, xent_index_grad<double>>,

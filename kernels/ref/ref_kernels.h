@@ -10,8 +10,10 @@ namespace pooch::kern {
 
 std::vector<KernelVariant> ref_dense_kernels();
 std::vector<KernelVariant> ref_sparse_kernels();
+std::vector<KernelVariant> ref_ffi_head_kernels();  // part of ref_sparse_kernels()
 std::vector<KernelVariant> ref_loss_kernels();
 std::vector<KernelVariant> ref_optim_kernels();
+std::vector<KernelVariant> ref_conv_kernels();
 std::vector<KernelVariant> ref_lm_kernels();
 
 // All of the above, in one table (variant name "ref").

@@ -8,6 +8,7 @@
 
 #include "../common/supports.h"
 #include "ref_kernels.h"
+#include "topk_order.h"
 
 namespace pooch::kern {
 namespace {
@@ -171,15 +172,7 @@ void ffi_grad_weight(const KernelArgs& a) {
 
 // ---- topk ------------------------------------------------------------------
 
-// The contract's order as a strict total order on (value, position): larger
-// values first, NaN after every number, equal values by lower position.
-template <class T>
-bool ranks_above(T u, int64_t iu, T v, int64_t iv) {
-  const bool nu = std::isnan(u), nv = std::isnan(v);
-  if (nu != nv) return nv;
-  if (!nu && u != v) return u > v;
-  return iu < iv;
-}
+using refmath::ranks_above;
 
 // Selection by repeated scans: the r-th pick is the best element ranking below
 // pick r-1. Quadratic, but with nothing to get wrong.
@@ -281,7 +274,7 @@ bool supports_ffi_index2(const KernelArgs& a) {
 }  // namespace
 
 std::vector<KernelVariant> ref_sparse_kernels() {
-  return {
+  std::vector<KernelVariant> v = {
       {"sparse_linear", "ref", sparse_linear_ref, nullptr, true, ref_float_operands},
       {"sparse_linear_grad_weight", "ref", sparse_linear_grad_weight_ref,
        sparse_linear_grad_weight_ws, true, ref_float_operands},
@@ -291,6 +284,9 @@ std::vector<KernelVariant> ref_sparse_kernels() {
       {"topk", "ref", topk_ref, nullptr, true, ref_float_operands},
       {"scatter_add_rows", "ref", scatter_add_rows_ref, nullptr, true, ref_float_operands},
   };
+  // The fused output layer's kernels (ffi_head.cpp) belong to this family.
+  for (const KernelVariant& f : ref_ffi_head_kernels()) v.push_back(f);
+  return v;
 }
 
 }  // namespace pooch::kern

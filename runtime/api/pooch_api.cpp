@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -296,6 +297,8 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     c.host_memory = p->host_memory;
     c.link_bandwidth = p->link_bandwidth;
     c.link_latency = p->link_latency;
+    if (p->machine_file) c.machine = pooch::read_machine(p->machine_file);
+    c.plan_only = p->plan_only != 0;
     auto& o = c.optimizer;
     o.kind = p->optimizer == POOCH_OPT_SGD     ? pooch::OptimizerConfig::Kind::sgd
              : p->optimizer == POOCH_OPT_ADAMW ? pooch::OptimizerConfig::Kind::adamw
@@ -316,7 +319,7 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
       s->xmc = std::make_unique<pooch::XmcSession>(model->built, c, note, nullptr);
     else
       s->generic = std::make_unique<pooch::Session>(model->built, c, note, nullptr);
-    if (model->file) {
+    if (model->file && !c.plan_only) {
       const pooch::PoochFile& f = model->file->file;
       pooch::restore_tensors(s->session(), f, resume, model->head_replaced ? "head." : "");
       if (resume) {
@@ -452,7 +455,7 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"budget", ss.budget()},
            {"in_core_arena", r.in_core_arena},
            {"arena", sc.arena_bytes},
-           {"arena_taken", ss.memory_plan().peak},
+           {"arena_taken", ss.arena_taken()},
            {"persistent_bytes", persistent},
            {"host_pool", ss.host_pool_bytes()},
            {"host_bytes", sc.host_bytes},
@@ -461,7 +464,22 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"compute_seconds", sim.compute_seconds},
            {"swapped_bytes", sc.swapped_bytes},
            {"recomputed_bytes", sc.recomputed_bytes},
-           {"plans_tried", r.plans_tried}};
+           {"paged_bytes", sc.paged_bytes},
+           {"paged_copy_bytes", sc.paged_in_bytes + sc.paged_out_bytes},
+           {"plans_tried", r.plans_tried},
+           {"plan_seconds", r.plan_seconds}};
+  if (const pooch::Machine* m = ss.machine()) {
+    doc["machine"] = {{"name", m->name},
+                      {"file", m->file},
+                      {"memory", m->memory},
+                      {"usable_memory", m->usable_memory()},
+                      {"flops", m->flops * m->compute_efficiency},
+                      {"memory_bandwidth", m->memory_bandwidth * m->memory_efficiency},
+                      {"h2d_bandwidth", m->h2d_bandwidth * m->link_efficiency},
+                      {"d2h_bandwidth", m->d2h_bandwidth * m->link_efficiency},
+                      {"link_latency", m->link_latency}};
+    doc["profile"] = ss.profile_measured() ? "measured" : "machine";
+  }
   json acts = json::array();
   for (const pooch::SavedActivation& sa : pooch::saved_activations(g, ss.train_request())) {
     const auto t = static_cast<size_t>(sa.tensor);
@@ -475,6 +493,13 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
                     {"recomputable", sa.recomputable}});
   }
   doc["activations"] = std::move(acts);
+  json paged = json::array();
+  for (size_t t = 0; t < g.num_tensors(); ++t)
+    if (ss.layout().paged(static_cast<pooch::TensorId>(t))) {
+      const pooch::TensorDesc& d = g.tensor(static_cast<pooch::TensorId>(t));
+      paged.push_back({{"name", d.name}, {"bytes", d.bytes()}, {"role", pooch::role_name(d.role)}});
+    }
+  doc["paged"] = std::move(paged);
   doc["step_fields"] = {"kind", "stream", "name", "bytes", "start", "end"};
   json steps = json::array();
   std::vector<double> slot_start(sc.launches.size(), 0), slot_end(sc.launches.size(), 0);
@@ -510,13 +535,15 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
     steps.push_back({kind, stream_name(st.stream), name, bytes, tl[i].start, tl[i].end});
   }
   doc["steps"] = std::move(steps);
-  doc["occupancy_fields"] = {"start",      "end",      "input",     "activation", "swapped",
-                             "recomputed", "gradient", "workspace", "total",      "top"};
+  doc["occupancy_fields"] = {"start",   "end",        "input",    "activation",
+                             "swapped", "recomputed", "gradient", "workspace",
+                             "total",   "top",        "paged"};
   json occ = json::array();
   const std::vector<pooch::SlotOccupancy> o = pooch::transient_occupancy(g, sc);
   for (size_t i = 0; i < o.size(); ++i)
     occ.push_back({slot_start[i], slot_end[i], o[i].input, o[i].activation, o[i].swapped,
-                   o[i].recomputed, o[i].gradient, o[i].workspace, o[i].total(), o[i].top});
+                   o[i].recomputed, o[i].gradient, o[i].workspace, o[i].total(), o[i].top,
+                   o[i].paged});
   doc["occupancy"] = std::move(occ);
   return doc;
 }
@@ -1131,3 +1158,12 @@ pooch_status pooch_generate(pooch_session* s, const int32_t* prompt, int64_t pro
     if (out_len) *out_len = n;
   });
 }
+// The other C API files (pooch_api_lm.cpp) map exceptions the same way.
+namespace pooch::api {
+pooch_status run_guarded(const std::function<void()>& f) {
+  return guarded(f);
+}
+pooch_status fail_arg(const char* msg) {
+  return fail(POOCH_ERR_INVALID_ARG, msg);
+}
+}  // namespace pooch::api

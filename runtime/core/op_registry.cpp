@@ -44,8 +44,10 @@ const OpRegistry& op_registry() {
     OpRegistry r;
     register_dense_ops(r);
     register_sparse_ops(r);
+    register_ffi_head_ops(r);
     register_loss_ops(r);
     register_optimizer_ops(r);
+    register_conv_ops(r);
     register_lm_ops(r);
     return r;
   }();

@@ -71,8 +71,10 @@ const OpRegistry& op_registry();
 void register_dense_ops(OpRegistry& r);      // linear, relu, gelu, dropout, layernorm, add;
                                              // reshape, transpose
 void register_sparse_ops(OpRegistry& r);     // sparse_linear, ffi_linear, topk
+void register_ffi_head_ops(OpRegistry& r);   // ffi_loss(+_grad), ffi_topk (fused output layer)
 void register_loss_ops(OpRegistry& r);       // squared_hinge, bce_logits, softmax_xent (+ _csr)
 void register_optimizer_ops(OpRegistry& r);  // sgd/adam updates, dense and row-sparse
+void register_conv_ops(OpRegistry& r);       // conv2d, batchnorm, max/avg/global pooling
 void register_lm_ops(OpRegistry& r);  // embedding, gelu_tanh, causal_attention, linear_xent_index
 
 // Small helpers for op definitions.
@@ -88,7 +90,9 @@ void expect_like(std::string_view op, const TensorDesc& t, const char* role, con
 // such as the batch or the feature width).
 void expect_dim(std::string_view op, const TensorDesc& t, int dim, const char* role,
                 const TensorDesc& ref, int ref_dim, const char* ref_role);
-inline double numel(const TensorDesc* t) { return static_cast<double>(t->numel()); }
+inline double numel(const TensorDesc* t) {
+  return static_cast<double>(t->numel());
+}
 // The backward builders name a gradient after the tensor it belongs to.
 std::string grad_name(const Graph& g, TensorId t);
 

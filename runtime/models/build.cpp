@@ -1,5 +1,6 @@
 #include "build.h"
 
+#include "cnn.h"
 #include "gpt.h"
 #include "mlp.h"
 #include "xmc.h"
@@ -12,6 +13,10 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec) {
       return build_mlp_model(spec);
     case Family::gpt:
       return build_gpt_model(spec);
+    case Family::resnet:
+      return build_resnet_model(spec);
+    case Family::vgg:
+      return build_vgg_model(spec);
     case Family::xmc:
       break;
   }

@@ -100,15 +100,13 @@ std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, u
       break;
     }
     case WeightInit::Kind::normal: {
-      // Box-Muller over pairs of counter-based uniforms: element i takes
-      // the cosine or sine half of pair i/2, so a value depends on its index
-      // alone.
+      // Box-Muller over two uniforms of the weight's stream per value; the
+      // half-step offset keeps log() away from 0.
       for (size_t i = 0; i < n; ++i) {
-        const uint64_t pair = i / 2;
-        const double u1 = 1.0 - static_cast<double>(kern::philox_uniform(seed, 0, key, 2 * pair));
-        const double u2 = static_cast<double>(kern::philox_uniform(seed, 0, key, 2 * pair + 1));
-        const double r = std::sqrt(-2.0 * std::log(u1)), t = 6.283185307179586 * u2;
-        const float v = static_cast<float>(w.a * (i % 2 == 0 ? r * std::cos(t) : r * std::sin(t)));
+        const double u1 = kern::philox_uniform(seed, 0, key, 2 * i) + 0x1p-25;
+        const double u2 = kern::philox_uniform(seed, 0, key, 2 * i + 1);
+        const float v = static_cast<float>(w.a * std::sqrt(-2.0 * std::log(u1)) *
+                                           std::cos(6.283185307179586 * u2));
         std::memcpy(out.data() + i * 4, &v, 4);
       }
       break;

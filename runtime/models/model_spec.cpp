@@ -73,7 +73,19 @@ const char* loss_name(LossKind k) {
 }
 
 const char* family_name(Family f) {
-  return f == Family::mlp ? "mlp" : f == Family::gpt ? "gpt" : "xmc";
+  switch (f) {
+    case Family::mlp:
+      return "mlp";
+    case Family::resnet:
+      return "resnet";
+    case Family::vgg:
+      return "vgg";
+    case Family::gpt:
+      return "gpt";
+    case Family::xmc:
+      break;
+  }
+  return "xmc";
 }
 
 LossKind parse_loss(const std::string& name) {
@@ -105,6 +117,7 @@ ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, 
 
 void validate_spec(const ModelSpec& s) {
   if (s.family == Family::gpt) return validate_gpt_spec(s);
+  if (is_cnn(s.family)) return validate_cnn_spec(s);
   auto req = [](bool ok, const std::string& what) {
     if (!ok) throw Error(POOCH_ERR_INVALID_ARG, what);
   };
@@ -138,6 +151,10 @@ void validate_spec(const ModelSpec& s) {
   } else {
     req(s.loss != LossKind::mse, "the mse loss is for mlp models (\"family\": \"mlp\")");
   }
+  req(!s.skip || (s.family == Family::xmc && s.input == InputKind::sparse),
+      "skip: the linear input -> labels path is for xmc models with sparse input");
+  req(!s.skip || s.layers.size() > 1,
+      "skip: the model is already linear (its only layer is the output layer); drop \"skip\"");
   int64_t width = s.input_width;
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const LayerSpec& l = s.layers[i];
@@ -219,13 +236,19 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     const std::string f = ascii_lower(j["family"].get<std::string>());
     if (f == "mlp")
       s.family = Family::mlp;
+    else if (f == "resnet" || f == "vgg")
+      s.family = f == "resnet" ? Family::resnet : Family::vgg;
     else if (f != "xmc")
-      bad(src, fmt::format("family '{}' is not one of xmc, mlp, gpt", f));
+      bad(src, fmt::format("family '{}' is not one of xmc, mlp, resnet, vgg, gpt", f));
+  }
+  if (is_cnn(s.family)) {
+    cnn_spec_from_json(text, src, s);
+    return s;
   }
   const char* width_key = s.family == Family::mlp ? "outputs" : "labels";
   only_known(j,
              {"family", "input", width_key, "layers", "loss", "batch", "max_nnz", "max_labels",
-              "topk", "seed"},
+              "topk", "seed", "skip", "fused_head"},
              "the spec", src);
   if (s.family == Family::mlp) s.input = InputKind::dense;
   const json& in = j["input"];
@@ -258,6 +281,14 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
   if (j.contains("seed") && !j["seed"].is_number_unsigned())
     bad(src, fmt::format("seed is {}; it must be from 0 to {}", j["seed"].dump(), UINT64_MAX));
   s.seed = j.value("seed", s.seed);
+  if (j.contains("skip")) {
+    if (!j["skip"].is_boolean()) bad(src, "skip must be true or false");
+    s.skip = j["skip"].get<bool>();
+  }
+  if (j.contains("fused_head")) {
+    if (!j["fused_head"].is_boolean()) bad(src, "fused_head must be true or false");
+    s.fused_head = j["fused_head"].get<bool>();
+  }
   if (!j.contains("layers") || !j["layers"].is_array()) bad(src, "\"layers\" must be an array");
   for (size_t i = 0; i < j["layers"].size(); ++i) {
     const json& l = j["layers"][i];
@@ -309,6 +340,7 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
 
 std::string spec_to_json(const ModelSpec& s) {
   if (s.family == Family::gpt) return gpt_spec_to_json(s);
+  if (is_cnn(s.family)) return cnn_spec_to_json(s);
   json j;
   if (s.family != Family::xmc) j["family"] = family_name(s.family);
   j["input"] = {{"kind", s.input == InputKind::sparse ? "sparse" : "dense"},
@@ -320,6 +352,8 @@ std::string spec_to_json(const ModelSpec& s) {
   j["max_labels"] = s.run.max_labels;
   j["topk"] = s.run.topk;
   j["seed"] = s.seed;
+  if (s.skip) j["skip"] = true;  // absent at the defaults: older files stay byte-identical
+  if (!s.fused_head) j["fused_head"] = false;
   json layers = json::array();
   for (const LayerSpec& l : s.layers) {
     json o{{"type", layer_type(l.kind)}};

@@ -9,7 +9,9 @@
 //               {"type": "ffi", "fan_in": 32}],
 //    "loss": "squared-hinge"}
 // The last layer is the output layer: "ffi" (fixed fan-in) or "dense", both
-// `labels` wide.
+// `labels` wide. "skip": true (xmc, sparse input) adds a linear path from the
+// input straight to the labels, summed with the output layer's logits: a
+// one-vs-all linear model (what linear XMC methods are) beside the network.
 //
 // The same form describes the "mlp" family (dense regression or
 // classification): {"family": "mlp", "input": {"kind": "dense", "width": 8},
@@ -25,11 +27,13 @@
 #include <string>
 #include <vector>
 
+#include "cnn_spec.h"
+
 namespace pooch {
 
 enum class InputKind { sparse, dense };
 enum class LossKind { bce, squared_hinge, softmax, mse };
-enum class Family { xmc, mlp, gpt };
+enum class Family { xmc, mlp, resnet, vgg, gpt };
 enum class LayerKind { linear, dropout, layernorm, ffi_head, dense_head };
 
 struct LayerSpec {
@@ -74,7 +78,17 @@ struct ModelSpec {
   GptSpec gpt;  // family gpt only
   RunShape run;
   uint64_t seed = 1;
+  bool skip = false;  // a linear input -> labels path added to the head's logits
+  // A fixed fan-in output layer runs fused with its loss and top-k (no [B, L]
+  // logits; ffi_loss, ffi_topk) unless this is false ("fused_head": false in
+  // JSON): the unfused ops are the reference the fused ones are checked by.
+  bool fused_head = true;
+  CnnSpec cnn;  // resnet, vgg (cnn_spec.h); labels holds the classes
 };
+
+inline bool is_cnn(Family f) {
+  return f == Family::resnet || f == Family::vgg;
+}
 
 // The common shape: input -> linear(hidden, relu) [-> linear(bottleneck,
 // relu)] [-> dropout] -> ffi(fan_in) or dense head.

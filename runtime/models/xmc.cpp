@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "../core/error.h"
 #include "layers.h"
@@ -20,6 +21,9 @@ std::unique_ptr<Model> build_xmc_model(const ModelSpec& spec) {
   Graph& g = m->graph;
   const int64_t B = s.run.batch, L = s.labels;
   TensorId ptr = kNoTensor, idx = kNoTensor, val = kNoTensor, logits = kNoTensor;
+  // The fused fixed fan-in output layer's operands (h, index, w, b), when it
+  // is used: no [B, L] logits are ever formed (ffi_loss, ffi_topk).
+  std::vector<TensorId> head;
   const AddWeight weight = weight_adder(*m);
 
   TensorId h = kNoTensor;
@@ -77,7 +81,11 @@ std::unique_ptr<Model> build_xmc_model(const ModelSpec& spec) {
                                   WeightInit::Kind::uniform, 1.0 / std::sqrt(double(K)));
         const TensorId b =
             weight("head.bias", DType::f32, {L}, true, WeightInit::Kind::constant, bias0);
-        logits = g.add_op1("ffi_linear", {h, index, w, b}, {}, "logits");
+        if (s.fused_head && !s.skip) {
+          head = {h, index, w, b};  // the loss and top-k read the layer itself
+        } else {
+          logits = g.add_op1("ffi_linear", {h, index, w, b}, {}, "logits");
+        }
         break;
       }
       case LayerKind::dense_head: {
@@ -96,14 +104,37 @@ std::unique_ptr<Model> build_xmc_model(const ModelSpec& spec) {
       }
     }
   }
-  const auto top = g.add_op("topk", {logits}, {{"k", s.run.topk}}, {"top.values", "top.indices"});
+  if (s.skip) {
+    // The linear path: every input feature straight to every label, summed
+    // with the network's logits. Zero at the start, so the first steps see
+    // the network alone; its gradient reaches only the rows of the features
+    // in the batch (sparse rows, as the first layer's).
+    const TensorId w =
+        weight("skip.weight", DType::f32, {s.input_width, L}, true, WeightInit::Kind::zeros, 0);
+    const TensorId b = weight("skip.bias", DType::f32, {L}, true, WeightInit::Kind::zeros, 0);
+    const TensorId lin = g.add_op1("sparse_linear", {ptr, idx, val, w, b}, {}, "skip.logits");
+    logits = g.add_op1("add", {logits, lin}, {}, "logits.sum");
+  }
+  const Attrs k{{"k", s.run.topk}};
+  const auto top = head.empty() ? g.add_op("topk", {logits}, k, {"top.values", "top.indices"})
+                                : g.add_op("ffi_topk", head, k, {"top.values", "top.indices"});
   const char* loss_op = s.loss == LossKind::bce             ? "bce_logits_csr"
                         : s.loss == LossKind::squared_hinge ? "squared_hinge_csr"
                                                             : "softmax_xent_csr";
   const TensorId lidx = g.add_tensor({"batch.lidx", DType::i32, {s.run.max_labels}, Role::input});
   m->inputs.push_back({"batch.lptr", lptr});
   m->inputs.push_back({"batch.lidx", lidx});
-  const TensorId loss = g.add_op1(loss_op, {logits, lptr, lidx}, {}, "loss");
+  TensorId loss;
+  if (head.empty()) {
+    loss = g.add_op1(loss_op, {logits, lptr, lidx}, {}, "loss");
+  } else {
+    // ffi_loss's loss attribute: 0 bce, 1 squared hinge, 2 softmax.
+    const double kind = s.loss == LossKind::bce ? 0 : s.loss == LossKind::squared_hinge ? 1 : 2;
+    std::vector<TensorId> in = head;
+    in.push_back(lptr);
+    in.push_back(lidx);
+    loss = g.add_op1("ffi_loss", in, {{"loss", kind}}, "loss");
+  }
   for (TensorId t : {loss, top[0], top[1]}) {
     g.mark_output(t);
     m->outputs.push_back({g.tensor(t).name, t, t == loss ? -1 : 0});

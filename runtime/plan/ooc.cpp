@@ -44,7 +44,7 @@ Strategy parse_strategy(const std::string& name) {
 }
 
 Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_per_second,
-                         const LinkModel& link) {
+                         const LinkModel& link, double launch_seconds) {
   Profile p;
   p.link = link;
   for (const Node& n : g.nodes()) {
@@ -54,7 +54,7 @@ Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_p
     const OpDef& def = op_registry().get(n.op);
     const double flops = def.flops ? def.flops(in, out, n.attrs) : 0;
     p.node_seconds.push_back(
-        std::max(flops / flops_per_second, op_bytes(in, out) / bytes_per_second) + 2e-6);
+        std::max(flops / flops_per_second, op_bytes(in, out) / bytes_per_second) + launch_seconds);
   }
   return p;
 }
@@ -98,7 +98,7 @@ std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
     switch (st.kind) {
       case StepKind::launch:
         out[i].start = now;
-        now += p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
+        now += p.node_seconds[static_cast<size_t>(s.launch_node[static_cast<size_t>(st.index)])];
         break;
       case StepKind::copy_in:
       case StepKind::copy_out: {
@@ -130,7 +130,7 @@ Simulation simulate(const Schedule& s, const Profile& p) {
     const ScheduleStep& st = s.steps[i];
     if (st.kind == StepKind::launch)
       sim.compute_seconds +=
-          p.node_seconds[static_cast<size_t>(s.launches[static_cast<size_t>(st.index)].node)];
+          p.node_seconds[static_cast<size_t>(s.launch_node[static_cast<size_t>(st.index)])];
     // A stream's time never goes back: the latest end is the latest stream.
     sim.seconds = std::max(sim.seconds, timeline[i].end);
   }
@@ -174,6 +174,10 @@ std::vector<SlotOccupancy> transient_occupancy(const Graph& g, const Schedule& s
         case Role::gradient:
           o.gradient += r.bytes;
           break;
+        case Role::weight:
+        case Role::optimizer_state:
+          o.paged += r.bytes;
+          break;
         default:
           if (back && s.residency[static_cast<size_t>(t)] == Residency::swap)
             o.swapped += r.bytes;
@@ -198,8 +202,13 @@ struct Search {
   size_t budget;
   const Profile& profile;
   std::vector<SavedActivation> saved;
+  size_t host_budget = 0;  // 0: no cap
+  PlanCache cache{true};   // candidates: launches reused, no names or arguments
   int tried = 0;
   size_t smallest = std::numeric_limits<size_t>::max();
+  // The smallest host pool among plans whose arena fits (for the error when
+  // only the host cap is missed).
+  size_t smallest_host = std::numeric_limits<size_t>::max();
 
   struct Candidate {
     std::vector<Residency> residency;
@@ -215,13 +224,15 @@ struct Search {
     rq.prefetch_lead = lead;
     rq.release_lag = lag;
     Candidate c;
-    c.schedule = plan_schedule(g, rq, backend, layout, opt);
+    c.schedule = plan_schedule(g, rq, backend, layout, opt, &cache);
     c.residency = std::move(rq.residency);
     c.lead = lead;
     c.lag = lag;
     c.sim = simulate(c.schedule, profile);
-    c.fits = c.schedule.arena_bytes <= budget;
+    const bool device_fits = c.schedule.arena_bytes <= budget;
+    c.fits = device_fits && (host_budget == 0 || c.schedule.host_bytes <= host_budget);
     smallest = std::min(smallest, c.schedule.arena_bytes);
+    if (device_fits) smallest_host = std::min(smallest_host, c.schedule.host_bytes);
     ++tried;
     return c;
   }
@@ -252,16 +263,110 @@ struct Search {
   }
   // The prefetch lead and release lag that simulate fastest for these
   // decisions (a copy released at once and prefetched just in time needs the
-  // least memory; earlier prefetches and later releases hide the copies).
+  // least memory; earlier prefetches and later releases hide the copies):
+  // the lead first (lag 0), then the lag at the best lead, 7 plans.
   Candidate best_timing(const std::vector<Residency>& r) {
     Candidate best = evaluate(r, 1, 0);
-    for (int lead : {1, 2, 4, 8})
-      for (int lag : {0, 1, 2, 4}) {
-        if (lead == 1 && lag == 0) continue;
-        Candidate c = evaluate(r, lead, lag);
-        if (better(c, best)) best = std::move(c);
-      }
+    for (int lead : {2, 4, 8}) {
+      Candidate c = evaluate(r, lead, 0);
+      if (better(c, best)) best = std::move(c);
+    }
+    const int lead = best.lead;
+    for (int lag : {1, 2, 4}) {
+      Candidate c = evaluate(r, lead, lag);
+      if (better(c, best)) best = std::move(c);
+    }
     return best;
+  }
+
+  // Seconds the compute stream waits, per tensor, on the copies of a swapped
+  // activation (its copy out before its region is reused, its prefetch
+  // before its backward use), in the candidate's simulated timeline: what
+  // its swap costs. A tensor whose copies cause no wait is not worth
+  // recomputing or keeping for speed.
+  std::vector<double> stalls(const Candidate& c) const {
+    const Schedule& sc = c.schedule;
+    std::vector<TensorId> event_tensor(static_cast<size_t>(sc.events), kNoTensor);
+    for (size_t i = 0; i + 1 < sc.steps.size(); ++i) {
+      const ScheduleStep& st = sc.steps[i];
+      const ScheduleStep& next = sc.steps[i + 1];
+      if ((st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) &&
+          next.kind == StepKind::record && next.stream == st.stream)
+        event_tensor[static_cast<size_t>(next.index)] =
+            sc.copies[static_cast<size_t>(st.index)].tensor;
+    }
+    const std::vector<StepTiming> tl = simulate_timeline(sc, profile);
+    std::vector<double> out(g.num_tensors(), 0);
+    double compute_now = 0;
+    for (size_t i = 0; i < sc.steps.size(); ++i) {
+      const ScheduleStep& st = sc.steps[i];
+      if (st.stream != Stream::compute) continue;
+      if (st.kind == StepKind::wait) {
+        const TensorId t = event_tensor[static_cast<size_t>(st.index)];
+        if (t != kNoTensor) out[static_cast<size_t>(t)] += std::max(0.0, tl[i].end - compute_now);
+      }
+      compute_now = tl[i].end;
+    }
+    return out;
+  }
+
+  double producer_seconds(const SavedActivation& sa) const {
+    return profile.node_seconds[static_cast<size_t>(base.nodes[static_cast<size_t>(sa.producer)])];
+  }
+  double transfer_seconds(const SavedActivation& sa) const {
+    const double bw = std::min(profile.link.h2d_bandwidth, profile.link.d2h_bandwidth);
+    return profile.link.latency + static_cast<double>(sa.bytes) / bw;
+  }
+
+  // A necessary condition for keeping `sa` on the device in `c`: the bytes
+  // live in each launch slot of its gap (a lower bound of any placement),
+  // plus its own, within the budget. Candidates that fail it are not planned.
+  struct LiveBytes {
+    std::vector<int64_t> per_slot;         // live transient bytes per launch slot
+    std::vector<int> gap_first, gap_last;  // per tensor: the slots it is off the device
+  };
+  LiveBytes live_bytes(const Candidate& c) const {
+    const Schedule& sc = c.schedule;
+    const size_t n_slots = sc.launch_node.size();
+    LiveBytes lb;
+    std::vector<int64_t> delta(n_slots + 1, 0);
+    lb.gap_first.assign(g.num_tensors(), -1);
+    lb.gap_last.assign(g.num_tensors(), -1);
+    std::vector<int> first_req(g.num_tensors(), -1);
+    for (size_t i = 0; i < sc.transient_requests.size(); ++i) {
+      const BufferRequest& r = sc.transient_requests[i];
+      if (r.bytes == 0 || n_slots == 0) continue;
+      const size_t f = static_cast<size_t>(std::max(0, r.first));
+      const size_t l =
+          r.last == kLiveForever ? n_slots - 1 : std::min(n_slots - 1, static_cast<size_t>(r.last));
+      delta[f] += static_cast<int64_t>(r.bytes);
+      delta[l + 1] -= static_cast<int64_t>(r.bytes);
+      if (r.inplace_of >= 0) {  // shares its input's bytes at its first slot
+        delta[f] -= static_cast<int64_t>(r.bytes);
+        delta[f + 1] += static_cast<int64_t>(r.bytes);
+      }
+      const TensorId t = i < sc.transient_tensor.size() ? sc.transient_tensor[i] : kNoTensor;
+      if (t == kNoTensor) continue;
+      const auto ti = static_cast<size_t>(t);
+      if (first_req[ti] < 0) {
+        first_req[ti] = static_cast<int>(i);
+      } else {  // its second interval: the gap lies between the two
+        lb.gap_first[ti] = sc.transient_requests[static_cast<size_t>(first_req[ti])].last + 1;
+        lb.gap_last[ti] = r.first - 1;
+      }
+    }
+    lb.per_slot.assign(n_slots, 0);
+    int64_t live = 0;
+    for (size_t sl = 0; sl < n_slots; ++sl) lb.per_slot[sl] = live += delta[sl];
+    return lb;
+  }
+  bool may_keep(const Candidate& c, const LiveBytes& lb, const SavedActivation& sa) const {
+    const auto t = static_cast<size_t>(sa.tensor);
+    const size_t base_bytes = c.schedule.arena_bytes - c.schedule.transient.peak;
+    int64_t most = 0;
+    for (int sl = std::max(0, lb.gap_first[t]); sl <= lb.gap_last[t]; ++sl)
+      most = std::max(most, lb.per_slot[static_cast<size_t>(sl)]);
+    return base_bytes + static_cast<size_t>(most) + sa.bytes <= budget;
   }
 
   Candidate checkpoint_sqrt() {
@@ -280,63 +385,133 @@ struct Search {
   // fits; then recomputed where the recompute costs less than the stall its
   // copies cause, smallest ratio first; prefetch timing last.
   Candidate pooch_greedy() {
-    std::vector<Residency> r = all(Residency::swap);
-    Candidate cur = evaluate(r, 1, 0);
+    Candidate cur = evaluate(all(Residency::swap), 1, 0);
     std::vector<size_t> order(saved.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return saved[a].producer > saved[b].producer; });
-    for (size_t i : order) {
-      const auto t = static_cast<size_t>(saved[i].tensor);
-      r[t] = Residency::keep;
-      Candidate c = evaluate(r, cur.lead, cur.lag);
-      if (c.fits && c.sim.seconds <= cur.sim.seconds * 1.0000001 + 1e-12) {
-        cur = std::move(c);
-      } else if (c.fits && !cur.fits) {
-        cur = std::move(c);
-      } else {
-        r[t] = Residency::swap;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return saved[a].producer > saved[b].producer; });
+    // Keep, latest made first, while the plan fits: the longest prefix of
+    // that order that fits, by bisection (keeping more never needs less
+    // memory), log2(n) plans instead of n.
+    if (cur.fits) {
+      auto prefix = [&](size_t k) {
+        std::vector<Residency> v = all(Residency::swap);
+        for (size_t i = 0; i < k; ++i)
+          v[static_cast<size_t>(saved[order[i]].tensor)] = Residency::keep;
+        return v;
+      };
+      size_t lo = 0, hi = order.size() + 1;  // prefix lo fits; hi does not (or is past the end)
+      while (hi - lo > 1) {
+        const size_t mid = lo + (hi - lo) / 2;
+        Candidate c = evaluate(prefix(mid), cur.lead, cur.lag);
+        if (c.fits && c.sim.seconds <= cur.sim.seconds * 1.0000001 + 1e-12) {
+          lo = mid;
+          cur = std::move(c);
+        } else {
+          hi = mid;
+        }
       }
     }
-    std::vector<std::pair<double, size_t>> ratio;
-    const double bw = std::min(profile.link.h2d_bandwidth, profile.link.d2h_bandwidth);
-    for (size_t i = 0; i < saved.size(); ++i) {
-      if (!saved[i].recomputable || r[static_cast<size_t>(saved[i].tensor)] != Residency::swap)
-        continue;
-      const double cost = profile.node_seconds[static_cast<size_t>(
-          base.nodes[static_cast<size_t>(saved[i].producer)])];
-      const double stall = 2 * (profile.link.latency + static_cast<double>(saved[i].bytes) / bw);
-      ratio.emplace_back(cost / std::max(stall, 1e-12), i);
-    }
-    std::sort(ratio.begin(), ratio.end());
-    for (const auto& [q, i] : ratio) {
-      if (q >= 1) break;
-      const auto t = static_cast<size_t>(saved[i].tensor);
-      r[t] = Residency::recompute;
-      Candidate c = evaluate(r, cur.lead, cur.lag);
-      if (!better(c, cur)) {
-        r[t] = Residency::swap;
-        continue;
+    // Recompute: the swapped activations whose copies stall the compute
+    // stream, smallest ratio of recompute time to stall first (PoocH flips
+    // them one at a time, O(n^2) simulations). Here the k smallest are
+    // flipped together, k = all of them, then halved until the plan is
+    // faster; the stalls are then measured again. A candidate that did not
+    // help alone is not tried again, and the phase plans at most
+    // kMaxRecomputePlans candidates.
+    std::vector<char> tried_flip(g.num_tensors(), 0);
+    int plans = 0;
+    for (bool again = true; again && plans < kMaxRecomputePlans;) {
+      again = false;
+      const std::vector<double> stall = stalls(cur);
+      std::vector<std::pair<double, size_t>> ratio;
+      for (size_t i = 0; i < saved.size(); ++i) {
+        const auto t = static_cast<size_t>(saved[i].tensor);
+        if (!saved[i].recomputable || cur.residency[t] != Residency::swap || tried_flip[t] ||
+            stall[t] <= 0)
+          continue;
+        const double q = producer_seconds(saved[i]) / stall[t];
+        if (q < 1) ratio.emplace_back(q, i);
       }
-      cur = std::move(c);
+      std::sort(ratio.begin(), ratio.end());
+      for (size_t k = ratio.size(); k > 0 && plans < kMaxRecomputePlans; k /= 2) {
+        std::vector<Residency> v = cur.residency;
+        for (size_t j = 0; j < k; ++j)
+          v[static_cast<size_t>(saved[ratio[j].second].tensor)] = Residency::recompute;
+        Candidate c = evaluate(std::move(v), cur.lead, cur.lag);
+        ++plans;
+        if (better(c, cur)) {
+          cur = std::move(c);
+          again = true;
+          break;
+        }
+        if (k == 1) {
+          tried_flip[static_cast<size_t>(saved[ratio[0].second].tensor)] = 1;
+          again = true;  // the rest may still help
+        }
+      }
     }
     Candidate timed = best_timing(cur.residency);
     return better(timed, cur) ? timed : cur;
   }
 
-  // One pass of local search: each saved activation tries the other two
-  // residencies; a change stays when the plan still fits and runs faster.
+  // Local search: moves that may make the plan faster, the largest expected
+  // gain first (keep a swapped or recomputed activation when the live bytes
+  // allow it; recompute a swapped one whose copies stall for longer than its
+  // producer runs; swap a recomputed one whose producer costs more than a
+  // copy). A move stays when the plan fits and simulates faster; then the
+  // moves are ranked again. At most kMaxMoves plans: planning time stays
+  // bounded on large graphs. Moves that only save memory (keep to swap)
+  // never make a fitting plan faster, so they are not tried.
+  static constexpr int kMaxMoves = 16;
+  static constexpr int kMaxRecomputePlans = 16;
   Candidate improve(Candidate cur) {
-    for (const SavedActivation& sa : saved) {
-      const auto t = static_cast<size_t>(sa.tensor);
-      for (Residency alt : {Residency::keep, Residency::swap, Residency::recompute}) {
-        if (alt == cur.residency[t] || (alt == Residency::recompute && !sa.recomputable)) continue;
-        std::vector<Residency> r = cur.residency;
-        r[t] = alt;
-        Candidate c = evaluate(r, cur.lead, cur.lag);
-        if (better(c, cur)) cur = std::move(c);
+    std::vector<char> tried_move(3 * g.num_tensors(), 0);
+    int moves = 0;
+    bool moved = false;
+    for (bool again = true; again && moves < kMaxMoves;) {
+      again = false;
+      const std::vector<double> stall = stalls(cur);
+      const LiveBytes lb = live_bytes(cur);
+      struct Move {
+        double gain;
+        size_t i;
+        Residency to;
+      };
+      std::vector<Move> list;
+      for (size_t i = 0; i < saved.size(); ++i) {
+        const SavedActivation& sa = saved[i];
+        const auto t = static_cast<size_t>(sa.tensor);
+        const Residency now = cur.residency.empty() ? Residency::keep : cur.residency[t];
+        if (now == Residency::keep) continue;
+        const double cost = now == Residency::recompute ? producer_seconds(sa) : stall[t];
+        if (cost > 0 && may_keep(cur, lb, sa)) list.push_back({cost, i, Residency::keep});
+        if (now == Residency::swap && sa.recomputable && stall[t] > producer_seconds(sa))
+          list.push_back({stall[t] - producer_seconds(sa), i, Residency::recompute});
+        if (now == Residency::recompute && producer_seconds(sa) > transfer_seconds(sa))
+          list.push_back({producer_seconds(sa) - transfer_seconds(sa), i, Residency::swap});
+      }
+      std::stable_sort(list.begin(), list.end(),
+                       [](const Move& a, const Move& b) { return a.gain > b.gain; });
+      for (const Move& m : list) {
+        const auto t = static_cast<size_t>(saved[m.i].tensor);
+        const size_t key = 3 * t + static_cast<size_t>(m.to);
+        if (tried_move[key]) continue;
+        if (moves >= kMaxMoves) break;
+        tried_move[key] = 1;
+        ++moves;
+        std::vector<Residency> v = cur.residency;
+        v[t] = m.to;
+        Candidate c = evaluate(std::move(v), cur.lead, cur.lag);
+        if (better(c, cur)) {
+          cur = std::move(c);
+          std::fill(tried_move.begin(), tried_move.end(), 0);  // a new plan: every move anew
+          again = moved = true;
+          break;
+        }
       }
     }
+    if (!moved) return cur;  // its timing was already chosen for these decisions
     Candidate timed = best_timing(cur.residency);
     return better(timed, cur) ? timed : cur;
   }
@@ -346,8 +521,8 @@ struct Search {
 
 OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backend& backend,
                          const SessionLayout& layout, const PlanOptions& opt, Strategy strategy,
-                         size_t budget, const Profile& profile) {
-  Search s{g, base, backend, layout, opt, budget, profile, saved_activations(g, base)};
+                         size_t budget, const Profile& profile, size_t host_budget) {
+  Search s{g, base, backend, layout, opt, budget, profile, saved_activations(g, base), host_budget};
   Search::Candidate best;
   Strategy from = strategy;
   switch (strategy) {
@@ -384,6 +559,13 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
       break;
     }
   }
+  if (!best.fits && s.smallest <= budget)
+    throw Error(POOCH_ERR_OUT_OF_BUDGET,
+                fmt::format("every train step strategy {} found that fits the device budget needs "
+                            "a host pool of at least {} bytes ({:.2f} MiB), more than the host "
+                            "memory cap of {} bytes; it needs a host budget of at least {} MiB",
+                            strategy_name(strategy), s.smallest_host, to_mib(s.smallest_host),
+                            host_budget, mib_ceil(s.smallest_host)));
   if (!best.fits)
     throw Error(POOCH_ERR_OUT_OF_BUDGET,
                 fmt::format("the smallest arena strategy {} reached for the train step is {} bytes "
@@ -392,6 +574,14 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
                             strategy_name(strategy), s.smallest, to_mib(s.smallest), budget,
                             to_mib(budget), mib_ceil(s.smallest)));
   OocPlan p;
+  // The winner again, with its buffers named for reports (the same plan: names
+  // change nothing else).
+  ProgramRequest rq = base;
+  rq.residency = best.residency;
+  rq.prefetch_lead = best.lead;
+  rq.release_lag = best.lag;
+  s.cache.candidate = false;
+  best.schedule = plan_schedule(g, rq, backend, layout, opt, &s.cache);
   p.schedule = std::move(best.schedule);
   p.sim = best.sim;
   p.strategy = from;

@@ -36,9 +36,10 @@ struct Profile {
 };
 
 // Each node's time estimated as the slower of its FLOPs at `flops_per_second`
-// and its bytes at `bytes_per_second` (a planning guess before a measurement).
+// and its bytes at `bytes_per_second`, plus `launch_seconds` (a roofline: a
+// planning guess before a measurement, or a card's description).
 Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_per_second,
-                         const LinkModel& link);
+                         const LinkModel& link, double launch_seconds = 2e-6);
 // Each node's time from a timed run of a schedule (Executor::run_timed);
 // the link's bandwidth from its copies when it made any, else `link`.
 Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
@@ -72,8 +73,11 @@ struct SlotOccupancy {
   size_t recomputed = 0;  // recomputed activations
   size_t gradient = 0;
   size_t workspace = 0;  // kernels' scratch
+  size_t paged = 0;      // paged weights and optimizer state, copied in from their home
   size_t top = 0;        // the highest byte in use above the region's start
-  size_t total() const { return input + activation + swapped + recomputed + gradient + workspace; }
+  size_t total() const {
+    return input + activation + swapped + recomputed + gradient + workspace + paged;
+  }
 };
 std::vector<SlotOccupancy> transient_occupancy(const Graph& g, const Schedule& s);
 
@@ -85,10 +89,13 @@ struct OocPlan {
 };
 
 // Plans a train step (`base` with its split) under `strategy` so that its
-// arena fits `budget` bytes. Throws Error(POOCH_ERR_OUT_OF_BUDGET) naming the
-// smallest arena the strategy reached when none fits.
+// arena fits `budget` bytes and its host pool (staging, paged homes, swap
+// slots) `host_budget` bytes (0: no cap). Throws Error(POOCH_ERR_OUT_OF_BUDGET)
+// naming the smallest arena the strategy reached when none fits, or the
+// smallest host pool of the plans that fit the device when only the host cap
+// is missed.
 OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backend& backend,
                          const SessionLayout& layout, const PlanOptions& opt, Strategy strategy,
-                         size_t budget, const Profile& profile);
+                         size_t budget, const Profile& profile, size_t host_budget = 0);
 
 }  // namespace pooch

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 
 #include "../../kernels/common/util.h"
@@ -45,15 +46,21 @@ std::string operands_str(const kern::KernelArgs& a) {
 }  // namespace
 
 SessionLayout plan_session_layout(const Graph& g, const std::vector<TensorId>& staged,
-                                  size_t alignment) {
+                                  size_t alignment, const std::vector<char>& paged) {
   SessionLayout l;
   l.alignment = alignment;
   const size_t n_t = g.num_tensors();
   std::vector<BufferRequest> dev, host;
   std::vector<TensorId> dev_ids, host_ids;
+  std::vector<TensorId> home_ids;
   for (size_t t = 0; t < n_t; ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     if (!persistent(d)) continue;
+    if (t < paged.size() && paged[t]) {
+      host.push_back({d.bytes(), 0, kLiveForever, d.role, -1, "home of " + d.name});
+      home_ids.push_back(static_cast<TensorId>(t));
+      continue;
+    }
     dev.push_back({d.bytes(), 0, kLiveForever, d.role, -1, d.name});
     dev_ids.push_back(static_cast<TensorId>(t));
   }
@@ -67,10 +74,13 @@ SessionLayout plan_session_layout(const Graph& g, const std::vector<TensorId>& s
   l.host = plan_arena(host, alignment);
   l.device_offset.assign(n_t, kUnplaced);
   l.host_offset.assign(n_t, kUnplaced);
+  l.home_offset.assign(n_t, kUnplaced);
   for (size_t i = 0; i < dev_ids.size(); ++i)
     l.device_offset[static_cast<size_t>(dev_ids[i])] = l.persistent.offsets[i];
+  for (size_t i = 0; i < home_ids.size(); ++i)  // the homes come first in the host plan
+    l.home_offset[static_cast<size_t>(home_ids[i])] = l.host.offsets[i];
   for (size_t i = 0; i < host_ids.size(); ++i)
-    l.host_offset[static_cast<size_t>(host_ids[i])] = l.host.offsets[i];
+    l.host_offset[static_cast<size_t>(host_ids[i])] = l.host.offsets[home_ids.size() + i];
   return l;
 }
 
@@ -192,12 +202,14 @@ struct Interval {
 
 }  // namespace
 
-std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req) {
+namespace {
+
+std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req,
+                                               const Aliases& al) {
   std::vector<SavedActivation> out;
   if (req.split < 0) return out;
   const auto& nodes = g.nodes();
   const size_t n_t = g.num_tensors();
-  const Aliases al = find_aliases(g, req);
   std::vector<int> producer(n_t, -1), last_fwd(n_t, -1), first_bwd(n_t, -1);
   for (int p = 0; p < static_cast<int>(req.nodes.size()); ++p) {
     if (al.is_view[static_cast<size_t>(p)]) continue;
@@ -237,8 +249,16 @@ std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequ
   return out;
 }
 
+}  // namespace
+
+std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req) {
+  return saved_activations(g, req, find_aliases(g, req));
+}
+
 Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend& backend,
-                       const SessionLayout& layout, const PlanOptions& opt) {
+                       const SessionLayout& layout, const PlanOptions& opt, PlanCache* cache) {
+  const bool candidate = cache && cache->candidate;
+  const bool names = !candidate;
   const auto& nodes = g.nodes();
   const size_t n_t = g.num_tensors();
   const int n_pos = static_cast<int>(req.nodes.size());
@@ -247,13 +267,29 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   };
   Schedule s;
   s.training = req.training;
-  const Aliases al = find_aliases(g, req);
+  PlanCache local;
+  PlanCache& pc = cache ? *cache : local;
+  if (!pc.facts) {
+    Aliases a = find_aliases(g, req);
+    pc.saved = saved_activations(g, req, a);
+    pc.root = std::move(a.root);
+    pc.is_view = std::move(a.is_view);
+    pc.has_alias = std::move(a.has_alias);
+    pc.def.resize(static_cast<size_t>(n_pos));
+    for (int p = 0; p < n_pos; ++p)
+      pc.def[static_cast<size_t>(p)] = &op_registry().get(node_at(p).op);
+    pc.facts = true;
+  }
+  struct {
+    const std::vector<TensorId>& root;
+    const std::vector<char>& is_view;
+  } al{pc.root, pc.is_view};
   auto root = [&](TensorId t) { return al.root[static_cast<size_t>(t)]; };
 
   // What happens to each saved activation.
   s.residency.assign(n_t, Residency::keep);
   std::vector<const SavedActivation*> saved_of(n_t, nullptr);
-  const std::vector<SavedActivation> saved = saved_activations(g, req);
+  const std::vector<SavedActivation>& saved = pc.saved;
   if (!req.residency.empty())
     for (const SavedActivation& sa : saved) {
       const Residency r = req.residency[static_cast<size_t>(sa.tensor)];
@@ -283,14 +319,19 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     }
     back_at[r] = static_cast<int>(slots.size());  // the next slot reads it
   };
+  int first_backward_slot = -1;  // the first slot after the split (recomputes included)
   for (int p = 0; p < n_pos; ++p) {
     if (al.is_view[static_cast<size_t>(p)]) continue;
-    if (p > req.split && req.split >= 0)
+    if (p > req.split && req.split >= 0) {
+      if (first_backward_slot < 0) first_backward_slot = static_cast<int>(slots.size());
       for (TensorId x : node_at(p).inputs) bring_back(x);
+    }
     slot_of_pos[static_cast<size_t>(p)] = static_cast<int>(slots.size());
     slots.push_back({p});
   }
   const int n_slots = static_cast<int>(slots.size());
+  if (first_backward_slot < 0) first_backward_slot = n_slots;
+  auto paged = [&](size_t t) { return layout.paged(static_cast<TensorId>(t)); };
 
   // Intervals: A before the gap (or the whole life of a kept tensor), B after.
   std::vector<Interval> A(n_t), B(n_t);
@@ -314,6 +355,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   // Which interval an access at `slot` uses.
   auto interval = [&](TensorId x, int slot) -> Interval& {
     const auto r = static_cast<size_t>(root(x));
+    // A paged tensor: its forward uses are one group, its backward ones another.
+    if (paged(r)) return slot >= first_backward_slot ? B[r] : A[r];
     if (s.residency[r] != Residency::keep && slot >= B[r].first) return B[r];
     return A[r];
   };
@@ -335,16 +378,20 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       note(iv, sl);
     }
   }
+  // A tensor read only through views is still the program's (a paged
+  // weight a view reads must be copied in).
+  for (size_t t = 0; t < n_t; ++t)
+    if (touched[t]) touched[static_cast<size_t>(al.root[t])] = 1;
   // View outputs read by no launch still belong to the program (outputs).
   for (int p = 0; p < n_pos; ++p)
     if (al.is_view[static_cast<size_t>(p)])
       for (TensorId o : node_at(p).outputs) touched[static_cast<size_t>(o)] = 1;
+  std::vector<char> made(n_t, 0);
+  for (int p = 0; p < n_pos; ++p)
+    for (TensorId y : node_at(p).outputs) made[static_cast<size_t>(y)] = 1;
   for (TensorId o : req.outputs) {
     const TensorDesc& d = g.tensor(o);
-    bool made = false;
-    for (int p = 0; p < n_pos; ++p)
-      for (TensorId y : node_at(p).outputs) made = made || y == o;
-    if (!made && d.role != Role::input && !persistent(d))
+    if (!made[static_cast<size_t>(o)] && d.role != Role::input && !persistent(d))
       throw Error(POOCH_ERR_INVALID_ARG,
                   fmt::format("output '{}' is not computed by this program", d.name));
     if (layout.host_offset[static_cast<size_t>(o)] == kUnplaced)
@@ -354,12 +401,54 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     A[static_cast<size_t>(root(o))].last = kLiveForever;
   }
 
+  // Paged weights and optimizer state: each group of uses is copied in from
+  // the home slot `prefetch_lead` launches before its first use (after the
+  // previous group's region is gone), and, when a node of the group writes
+  // it (the optimizer update), copied back home after its last use, its
+  // region released `release_lag` launches later once that copy is done.
+  struct PagedGroup {
+    int page_in = -1, first_use = -1, last_use = -1, release_wait = -1;
+    bool written = false;
+  };
+  std::vector<std::array<PagedGroup, 2>> pg;
+  bool any_paged = false;
+  for (size_t t = 0; t < n_t && !any_paged; ++t) any_paged = touched[t] && paged(t);
+  if (any_paged) {
+    pg.resize(n_t);
+    for (int sl = 0; sl < n_slots; ++sl) {
+      const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
+      for (int m : pc.def[static_cast<size_t>(slots[static_cast<size_t>(sl)].pos)]->mutates) {
+        const auto r = static_cast<size_t>(root(nd.inputs[static_cast<size_t>(m)]));
+        if (paged(r)) pg[r][sl >= first_backward_slot ? 1 : 0].written = true;
+      }
+    }
+    const int lead = std::max(0, req.prefetch_lead), lag = std::max(0, req.release_lag);
+    for (size_t t = 0; t < n_t; ++t) {
+      if (!touched[t] || !paged(t)) continue;
+      int floor_slot = 0;
+      for (int gi = 0; gi < 2; ++gi) {
+        Interval& iv = gi ? B[t] : A[t];
+        if (iv.first < 0) continue;
+        PagedGroup& G = pg[t][static_cast<size_t>(gi)];
+        G.first_use = iv.first;
+        G.last_use = iv.last;
+        G.page_in = std::max(floor_slot, iv.first - lead);
+        iv.first = G.page_in;
+        if (G.written) {
+          iv.last = std::min(n_slots - 1, iv.last + lag);
+          if (iv.last + 1 < n_slots) G.release_wait = iv.last + 1;
+        }
+        floor_slot = iv.last + 1;
+      }
+    }
+  }
+
   // One request per interval of a non-persistent root.
   std::vector<BufferRequest> reqs;
   for (size_t t = 0; t < n_t; ++t) {
     if (!touched[t] || root(static_cast<TensorId>(t)) != static_cast<TensorId>(t)) continue;
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
-    if (persistent(d)) continue;
+    if (persistent(d) && !paged(t)) continue;
     if (d.role == Role::input) {
       A[t].first = 0;  // copied in before the first launch
       if (A[t].last < 0) A[t].last = 0;
@@ -367,7 +456,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       if (layout.host_offset[t] == kUnplaced)
         throw Error(POOCH_ERR_INVALID_ARG,
                     fmt::format("input '{}' has no host staging slot in this session", d.name));
-    } else if (A[t].first < 0) {
+    } else if (A[t].first < 0 && !paged(t)) {
       throw Error(
           POOCH_ERR_INTERNAL,
           fmt::format("tensor '{}' is read by the program but nothing in it writes it", d.name));
@@ -377,7 +466,10 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       BufferRequest r;
       r.bytes = d.bytes();
       r.role = d.role;
-      r.name = iv == &B[t] ? d.name + " (" + residency_name(s.residency[t]) + ")" : d.name;
+      if (names)
+        r.name = paged(t)      ? d.name + " (paged)"
+                 : iv == &B[t] ? d.name + " (" + residency_name(s.residency[t]) + ")"
+                               : d.name;
       r.first = iv->first;
       r.last = iv->last == kLiveForever ? kLiveForever : std::max(iv->first, iv->last);
       iv->request = static_cast<int>(reqs.size());
@@ -386,13 +478,20 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     }
     if (s.residency[t] == Residency::swap) s.swapped_bytes += d.bytes();
     if (s.residency[t] == Residency::recompute) s.recomputed_bytes += d.bytes();
+    if (paged(t)) {
+      s.paged_bytes += d.bytes();
+      for (const PagedGroup& G : pg[t]) {
+        if (G.page_in >= 0) s.paged_in_bytes += d.bytes();
+        if (G.page_in >= 0 && G.written) s.paged_out_bytes += d.bytes();
+      }
+    }
   }
   // In place: an op allowed to overwrite an input that dies at that op (never
   // a swapped tensor's first interval, which its copy out may still read).
   for (int sl = 0; sl < n_slots; ++sl) {
     const Slot& slot = slots[static_cast<size_t>(sl)];
     const Node& nd = node_at(slot.pos);
-    const OpDef& def = op_registry().get(nd.op);
+    const OpDef& def = *pc.def[static_cast<size_t>(slot.pos)];
     if (def.inplace_input < 0 || nd.outputs.empty()) continue;
     const TensorId x = root(nd.inputs[static_cast<size_t>(def.inplace_input)]);
     const Role rx = g.tensor(x).role;
@@ -415,6 +514,18 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     const Slot& slot = slots[static_cast<size_t>(sl)];
     const int ni = req.nodes[static_cast<size_t>(slot.pos)];
     const Node& nd = nodes[static_cast<size_t>(ni)];
+    s.launch_node.push_back(ni);
+    if (cache && cache->launch.size() == nodes.size() &&
+        cache->launch[static_cast<size_t>(ni)].kernel) {
+      const Launch& l = cache->launch[static_cast<size_t>(ni)];
+      ws_req.push_back(static_cast<int>(reqs.size()));
+      BufferRequest wr{l.args.workspace_bytes, sl, sl, Role::activation, -1, {}};
+      if (names) wr.name = fmt::format("workspace of node {} ({})", ni, nd.op);
+      reqs.push_back(std::move(wr));
+      s.transient_tensor.push_back(kNoTensor);
+      if (!candidate) s.launches.push_back(l);
+      continue;
+    }
     Launch l;
     l.node = ni;
     kern::KernelArgs& a = l.args;
@@ -439,7 +550,11 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     reqs.push_back({a.workspace_bytes, sl, sl, Role::activation, -1,
                     fmt::format("workspace of node {} ({})", ni, nd.op)});
     s.transient_tensor.push_back(kNoTensor);
-    s.launches.push_back(l);
+    if (!candidate) s.launches.push_back(l);
+    if (cache) {
+      cache->launch.resize(nodes.size());
+      cache->launch[static_cast<size_t>(ni)] = l;
+    }
   }
 
   const size_t align = layout.alignment;
@@ -456,6 +571,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       s.tensor_offset[t] = layout.device_offset[r];
     else if (A[r].request >= 0)
       s.tensor_offset[t] = offset_of(A[r]);
+    else if (B[r].request >= 0)
+      s.tensor_offset[t] = offset_of(B[r]);  // a paged tensor the backward part alone uses
   }
   auto device_offset = [&](TensorId x, int sl, bool written) {
     const auto r = static_cast<size_t>(root(x));
@@ -463,7 +580,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     const bool remake = written && slots[static_cast<size_t>(sl)].target != kNoTensor;
     return offset_of(remake ? B[r] : interval(x, sl));
   };
-  for (int sl = 0; sl < n_slots; ++sl) {
+  for (int sl = 0; sl < n_slots && !candidate; ++sl) {
     Launch& l = s.launches[static_cast<size_t>(sl)];
     const Node& nd = nodes[static_cast<size_t>(l.node)];
     for (int j = 0; j < l.args.n_in; ++j)
@@ -480,10 +597,10 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   std::vector<TensorId> host_ids;
   for (size_t t = 0; t < n_t; ++t) {
     if (s.residency[t] != Residency::swap) continue;
-    host_reqs.push_back({g.tensor(static_cast<TensorId>(t)).bytes(),
-                         slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], back_at[t],
-                         Role::activation, -1,
-                         "swap slot of " + g.tensor(static_cast<TensorId>(t)).name});
+    host_reqs.push_back(
+        {g.tensor(static_cast<TensorId>(t)).bytes(),
+         slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], back_at[t], Role::activation, -1,
+         names ? "swap slot of " + g.tensor(static_cast<TensorId>(t)).name : std::string()});
     host_ids.push_back(static_cast<TensorId>(t));
   }
   const ArenaPlan host_plan = plan_arena(host_reqs, align);
@@ -504,36 +621,101 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     s.steps.push_back({StepKind::record, Stream::h2d, e});
     s.steps.push_back({StepKind::wait, Stream::compute, e});
   }
+  // Per slot, the copies around its launch: a swapped tensor (group -1) or
+  // a paged tensor's group of uses (0: forward, 1: backward), in tensor
+  // order, so plans stay deterministic; one pass over the tensors instead of
+  // one per slot.
+  struct Traffic {
+    size_t t;
+    int group;
+  };
+  std::vector<std::vector<Traffic>> before_slot(static_cast<size_t>(n_slots)),
+      after_slot(static_cast<size_t>(n_slots));
+  auto at = [&](std::vector<std::vector<Traffic>>& v, int sl, Traffic x) {
+    if (sl < 0 || sl >= n_slots) return;
+    auto& l = v[static_cast<size_t>(sl)];
+    if (l.empty() || l.back().t != x.t || l.back().group != x.group) l.push_back(x);
+  };
+  for (size_t t = 0; t < n_t; ++t) {
+    if (s.residency[t] == Residency::swap) {
+      for (int sl : {release[t] + 1, prefetch[t], back_at[t]}) at(before_slot, sl, {t, -1});
+      at(after_slot, slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], {t, -1});
+    }
+    if (!pg.empty() && touched[t] && paged(t))
+      for (int gi = 0; gi < 2; ++gi) {
+        const PagedGroup& G = pg[t][static_cast<size_t>(gi)];
+        if (G.page_in < 0) continue;
+        for (int sl : {G.release_wait, G.page_in, G.first_use}) at(before_slot, sl, {t, gi});
+        if (G.written) at(after_slot, G.last_use, {t, gi});
+      }
+  }
   std::vector<int> out_done(n_t, -1), in_done(n_t, -1);
+  std::vector<int> paged_out_done(pg.empty() ? 0 : 2 * n_t, -1),
+      paged_in_done(pg.empty() ? 0 : 2 * n_t, -1);
   for (int sl = 0; sl < n_slots; ++sl) {
-    for (size_t t = 0; t < n_t; ++t) {
-      if (s.residency[t] != Residency::swap) continue;
-      if (release[t] + 1 == sl) s.steps.push_back({StepKind::wait, Stream::compute, out_done[t]});
-      if (prefetch[t] == sl) {
-        const int free = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::compute, free});
-        s.steps.push_back({StepKind::wait, Stream::h2d, free});
+    const auto& before = before_slot[static_cast<size_t>(sl)];
+    // Regions released before this slot are free once their copies out are
+    // done: every such wait comes before a copy in may land there.
+    for (const Traffic& x : before) {
+      const size_t t = x.t;
+      if (x.group < 0 && release[t] + 1 == sl)
+        s.steps.push_back({StepKind::wait, Stream::compute, out_done[t]});
+      if (x.group >= 0 && pg[t][static_cast<size_t>(x.group)].release_wait == sl)
+        s.steps.push_back({StepKind::wait, Stream::compute,
+                           paged_out_done[2 * t + static_cast<size_t>(x.group)]});
+    }
+    for (const Traffic& x : before) {
+      const size_t t = x.t;
+      const bool swap_in = x.group < 0 && prefetch[t] == sl;
+      const bool page_in = x.group >= 0 && pg[t][static_cast<size_t>(x.group)].page_in == sl;
+      if (!swap_in && !page_in) continue;
+      const int free = s.add_event();
+      s.steps.push_back({StepKind::record, Stream::compute, free});
+      s.steps.push_back({StepKind::wait, Stream::h2d, free});
+      const size_t bytes = g.tensor(static_cast<TensorId>(t)).bytes();
+      if (swap_in) {
         s.add_copy(StepKind::copy_in, Stream::h2d,
-                   {static_cast<TensorId>(t), offset_of(B[t]), host_slot[t],
-                    g.tensor(static_cast<TensorId>(t)).bytes()});
+                   {static_cast<TensorId>(t), offset_of(B[t]), host_slot[t], bytes});
         in_done[t] = s.add_event();
         s.steps.push_back({StepKind::record, Stream::h2d, in_done[t]});
+      } else {
+        const size_t k = 2 * t + static_cast<size_t>(x.group);
+        s.add_copy(StepKind::copy_in, Stream::h2d,
+                   {static_cast<TensorId>(t), offset_of(x.group ? B[t] : A[t]),
+                    layout.home_offset[t], bytes});
+        paged_in_done[k] = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::h2d, paged_in_done[k]});
       }
-      if (back_at[t] == sl) s.steps.push_back({StepKind::wait, Stream::compute, in_done[t]});
+    }
+    for (const Traffic& x : before) {
+      const size_t t = x.t;
+      if (x.group < 0 && back_at[t] == sl)
+        s.steps.push_back({StepKind::wait, Stream::compute, in_done[t]});
+      if (x.group >= 0 && pg[t][static_cast<size_t>(x.group)].first_use == sl)
+        s.steps.push_back(
+            {StepKind::wait, Stream::compute, paged_in_done[2 * t + static_cast<size_t>(x.group)]});
     }
     s.steps.push_back({StepKind::launch, Stream::compute, sl});
-    for (size_t t = 0; t < n_t; ++t) {
-      if (s.residency[t] != Residency::swap ||
-          slot_of_pos[static_cast<size_t>(saved_of[t]->producer)] != sl)
-        continue;
+    for (const Traffic& x : after_slot[static_cast<size_t>(sl)]) {
+      const size_t t = x.t;
       const int made = s.add_event();
       s.steps.push_back({StepKind::record, Stream::compute, made});
       s.steps.push_back({StepKind::wait, Stream::d2h, made});
-      s.add_copy(StepKind::copy_out, Stream::d2h,
-                 {static_cast<TensorId>(t), offset_of(A[t]), host_slot[t],
-                  g.tensor(static_cast<TensorId>(t)).bytes()});
-      out_done[t] = s.add_event();
-      s.steps.push_back({StepKind::record, Stream::d2h, out_done[t]});
+      const size_t bytes = g.tensor(static_cast<TensorId>(t)).bytes();
+      if (x.group < 0) {
+        s.add_copy(StepKind::copy_out, Stream::d2h,
+                   {static_cast<TensorId>(t), offset_of(A[t]), host_slot[t], bytes});
+        out_done[t] = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::d2h, out_done[t]});
+      } else {
+        // The updated weight or state goes back home.
+        const size_t k = 2 * t + static_cast<size_t>(x.group);
+        s.add_copy(StepKind::copy_out, Stream::d2h,
+                   {static_cast<TensorId>(t), offset_of(x.group ? B[t] : A[t]),
+                    layout.home_offset[t], bytes});
+        paged_out_done[k] = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::d2h, paged_out_done[k]});
+      }
     }
   }
   s.transient_requests = std::move(reqs);

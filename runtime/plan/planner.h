@@ -22,12 +22,21 @@ struct SessionLayout {
   std::vector<size_t> device_offset;  // per tensor: its persistent offset, or kUnplaced
   ArenaPlan host;                     // the host pool
   std::vector<size_t> host_offset;    // per tensor: its staging slot, or kUnplaced
+  // Per tensor: the host slot that is the home of a paged weight or
+  // optimizer state (it has no device offset: each program copies it in
+  // before its uses and, when it writes it, back home after), or kUnplaced.
+  std::vector<size_t> home_offset;
   size_t alignment = 256;
+  bool paged(TensorId t) const {
+    return !home_offset.empty() && home_offset[static_cast<size_t>(t)] != kUnplaced;
+  }
 };
 
 // `staged`: the tensors that get a host slot (inputs and readable outputs).
+// `paged` (per tensor, may be empty): weights and optimizer states whose home
+// is the host pool instead of the persistent region.
 SessionLayout plan_session_layout(const Graph& g, const std::vector<TensorId>& staged,
-                                  size_t alignment);
+                                  size_t alignment, const std::vector<char>& paged = {});
 
 // The nodes needed to compute `wanted`, plus (with `with_updates`) every
 // node that writes into its inputs (optimizer updates) and what they need; in
@@ -69,6 +78,32 @@ struct PlanOptions {
   bool deterministic = true;  // only bitwise-reproducible kernels; none for an op is an error
 };
 
+// What plan_schedule may reuse between calls on the same graph, program
+// nodes and backend (the out-of-core search plans one step hundreds of
+// times): each node's launch (kernel choice, arguments, workspace), which
+// depends on nothing the search changes. `names`: false leaves the buffer
+// requests' names empty (they are for reports; the search's candidates need
+// none, and building them is a measurable share of a plan).
+struct OpDef;
+struct PlanCache {
+  PlanCache() = default;
+  explicit PlanCache(bool for_candidates) : candidate(for_candidates) {}
+  std::vector<Launch> launch;  // per graph node; kernel == nullptr: not made yet
+  // A search candidate: only what the simulator and the budget check read
+  // (steps, copies, launch_node, the placement's peak); no buffer names, no
+  // launch arguments (`launches` stays empty), no operand offsets.
+  bool candidate = false;
+  // Facts of the program that no residency changes, made by the first call
+  // (the cache belongs to one program: the same nodes, split and outputs):
+  // the root each tensor aliases, which positions run as views, which roots
+  // views alias, its saved activations, and each position's op.
+  bool facts = false;
+  std::vector<TensorId> root;
+  std::vector<char> is_view, has_alias;
+  std::vector<SavedActivation> saved;
+  std::vector<const OpDef*> def;
+};
+
 // The first kernel variant of the backend for this op that supports `args`
 // (and is deterministic when asked). Throws Error(POOCH_ERR_UNSUPPORTED)
 // naming the op, the operand shapes and the backend when there is none.
@@ -78,7 +113,8 @@ const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
 // Throws Error(POOCH_ERR_INVALID_ARG) when an output is not produced by the
 // program or staged, and the errors of choose_kernel.
 Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend& backend,
-                       const SessionLayout& layout, const PlanOptions& opt);
+                       const SessionLayout& layout, const PlanOptions& opt,
+                       PlanCache* cache = nullptr);
 
 // Whether node `i` runs as a view (its output aliases its input; no launch).
 bool runs_as_view(const Graph& g, const Node& n);

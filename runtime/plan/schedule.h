@@ -60,6 +60,7 @@ struct Launch {
 
 struct Schedule {
   std::vector<Launch> launches;
+  std::vector<int> launch_node;  // per launch slot: the graph node it runs (the simulator's key)
   std::vector<ScheduleStep> steps;
   std::vector<ScheduledCopy> copies;
   int events = 0;
@@ -83,9 +84,13 @@ struct Schedule {
   // activations it swapped or recomputed), and the bytes of each kind.
   std::vector<Residency> residency;
   size_t swapped_bytes = 0, recomputed_bytes = 0;
+  // Paged weights and optimizer state the program copies in from their host
+  // home (SessionLayout::home_offset), and the bytes it copies each way.
+  size_t paged_bytes = 0, paged_in_bytes = 0, paged_out_bytes = 0;
 
   int add_event() { return events++; }
   int add_launch(Launch l) {
+    launch_node.push_back(l.node);
     launches.push_back(l);
     steps.push_back({StepKind::launch, Stream::compute, static_cast<int32_t>(launches.size() - 1)});
     return static_cast<int>(launches.size() - 1);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "../../kernels/common/util.h"
@@ -74,7 +75,6 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   for (const IoTensor& t : m.inputs) staged.push_back(t.id);
   for (const IoTensor& t : m.outputs) staged.push_back(t.id);
   for (TensorId t : graph_.outputs()) staged.push_back(t);
-  layout_ = plan_session_layout(graph_, staged, backend_->caps().alignment);
 
   ctx_ = std::make_unique<kern::KernelContext>();
   ctx_->seed = m.seed;
@@ -88,11 +88,18 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   }
   const PlanOptions po{cfg.deterministic};
   budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
-  LinkModel link;
-  if (cfg.link_bandwidth > 0) link.h2d_bandwidth = link.d2h_bandwidth = cfg.link_bandwidth;
-  if (cfg.link_latency > 0) link.latency = cfg.link_latency;
-  // Until a step is measured, node times are estimated from FLOPs and bytes.
-  profile_ = estimate_profile(graph_, 20e9, 10e9, link);
+  if (cfg.machine) {
+    // Planned for the described card: its roofline and link, its memory.
+    if (!cfg.device_memory) budget_ = cfg.machine->usable_memory();
+    profile_ = machine_profile(graph_, *cfg.machine);
+  } else {
+    LinkModel link;
+    if (cfg.link_bandwidth > 0) link.h2d_bandwidth = link.d2h_bandwidth = cfg.link_bandwidth;
+    if (cfg.link_latency > 0) link.latency = cfg.link_latency;
+    // Until a step is measured, node times are estimated from FLOPs and bytes.
+    profile_ = estimate_profile(graph_, 20e9, 10e9, link);
+  }
+  const size_t align = backend_->caps().alignment;
   auto plan = [&](ProgramKind kind, const std::vector<TensorId>& wanted, bool training) {
     auto p = std::make_unique<CompiledProgram>();
     p->outputs = wanted;
@@ -111,8 +118,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
           if (o == m.losses[0]) rq.split = static_cast<int>(i);
       train_request_ = rq;
       if (budget_ && p->schedule.arena_bytes > budget_ && cfg.strategy != Strategy::keep) {
-        OocPlan op =
-            plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_, profile_);
+        const auto t0 = std::chrono::steady_clock::now();
+        OocPlan op = plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_,
+                                      profile_, cfg.host_memory);
+        ooc_.plan_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         p->schedule = std::move(op.schedule);
         ooc_.active = true;
         ooc_.strategy = op.strategy;
@@ -125,31 +135,77 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     programs_[static_cast<int>(kind)] = std::move(p);
   };
   const bool trains = cfg.train && !losses.empty();
-  if (trains) plan(ProgramKind::train_step, losses, true);
-  if (!results.empty()) plan(ProgramKind::forward, results, false);
-  if (!losses.empty()) plan(ProgramKind::evaluate, all, false);
+  // Every program over one layout of the persistent tensors; `paged`: the
+  // weights and optimizer states whose home is the host pool.
+  auto plan_all = [&](const std::vector<char>& paged) {
+    layout_ = plan_session_layout(graph_, staged, align, paged);
+    ooc_ = OutOfCoreReport{};
+    for (auto& p : programs_) p.reset();
+    if (trains) plan(ProgramKind::train_step, losses, true);
+    if (!results.empty()) plan(ProgramKind::forward, results, false);
+    if (!losses.empty()) plan(ProgramKind::evaluate, all, false);
 
-  // One arena for the largest program; the memory report shows that one.
-  memory_ = layout_.persistent;
-  memory_.offsets.clear();
-  const CompiledProgram* largest = nullptr;
-  for (const auto& p : programs_)
-    if (p && (!largest || p->schedule.arena_bytes > largest->schedule.arena_bytes))
-      largest = p.get();
-  const size_t align = backend_->caps().alignment;
-  memory_.peak = align_up(layout_.persistent.peak, align);
-  if (largest) {
-    memory_.peak = largest->schedule.arena_bytes;
-    memory_.live_peak += largest->schedule.transient.live_peak;
-    for (int r = 0; r < kNumRoles; ++r)
-      memory_.bytes_by_role[r] += largest->schedule.transient.bytes_by_role[r];
+    // One arena for the largest program; the memory report shows that one.
+    memory_ = layout_.persistent;
+    memory_.offsets.clear();
+    const CompiledProgram* largest = nullptr;
+    for (const auto& p : programs_)
+      if (p && (!largest || p->schedule.arena_bytes > largest->schedule.arena_bytes))
+        largest = p.get();
+    memory_.peak = align_up(layout_.persistent.peak, align);
+    if (largest) {
+      memory_.peak = largest->schedule.arena_bytes;
+      memory_.live_peak += largest->schedule.transient.live_peak;
+      for (int r = 0; r < kNumRoles; ++r)
+        memory_.bytes_by_role[r] += largest->schedule.transient.bytes_by_role[r];
+    }
+    if (budget_) check_budget(memory_, budget_);
+  };
+  // Weights and optimizer state stay on the device unless the step fits no
+  // other way. Then the optimizer state is paged (each is used once a step,
+  // by its update: one copy in and one out, as ZeRO-Offload keeps it on the
+  // host), and if that is not enough, the weights too. The error of the last
+  // level names the smallest budget any plan reached.
+  std::vector<char> paged;
+  size_t in_core_arena = 0;  // level 0's: the step with everything on the device
+  double in_core_seconds = 0;
+  for (int level = 0;; ++level) {
+    try {
+      plan_all(paged);
+      if (level > 0) {
+        ooc_.in_core_arena = in_core_arena;
+        ooc_.predicted_in_core = in_core_seconds;
+      }
+      break;
+    } catch (const Error& e) {
+      // Paging helps the device, never the host pool: a plan that fitted the
+      // device but not the host cap stops here, with what it needs.
+      const bool host_only =
+          std::string_view(e.what()).find("host memory cap") != std::string_view::npos;
+      if (e.code() != POOCH_ERR_OUT_OF_BUDGET || level >= std::min(2, cfg.max_paging) || !budget_ ||
+          !trains || cfg.strategy == Strategy::keep || host_only)
+        throw;
+      if (level == 0) {
+        in_core_arena = ooc_.in_core_arena;
+        in_core_seconds = ooc_.predicted_in_core;
+      }
+      paged.assign(graph_.num_tensors(), 0);
+      for (size_t t = 0; t < paged.size(); ++t) {
+        const Role r = graph_.tensor(static_cast<TensorId>(t)).role;
+        paged[t] = r == Role::optimizer_state || (level + 1 == 2 && r == Role::weight);
+      }
+    }
   }
-  if (budget_) check_budget(memory_, budget_);
+  if (const Schedule* ts = schedule(ProgramKind::train_step); ts && ts->paged_bytes) {
+    ooc_.active = true;
+    ooc_.paged_bytes = ts->paged_bytes;
+    ooc_.paged_copy_bytes = ts->paged_in_bytes + ts->paged_out_bytes;
+  }
   size_t host_bytes = layout_.host.peak;
   for (const auto& p : programs_)
     if (p) host_bytes = std::max(host_bytes, p->schedule.host_bytes);
   size_t arena_bytes = memory_.peak;
-  if (ooc_.active) {
+  if (ooc_.active && !cfg.machine) {
     // Out of core, the whole budget is the arena, and the host pool holds
     // every saved activation at once, so that a plan made again from measured
     // times always fits what was taken.
@@ -157,16 +213,26 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     size_t saved = 0;
     for (const SavedActivation& sa : saved_activations(graph_, train_request_))
       saved += align_up(sa.bytes, align);
-    host_bytes = std::max(host_bytes, align_up(layout_.host.peak, align) + saved);
+    // Under a host cap, no more than the cap (a plan made again must then
+    // fit what was taken, which it is planned to).
+    size_t all_saved = align_up(layout_.host.peak, align) + saved;
+    if (cfg.host_memory) all_saved = std::min(all_saved, cfg.host_memory);
+    host_bytes = std::max(host_bytes, all_saved);
   }
   if (cfg.host_memory && host_bytes > cfg.host_memory)
-    throw Error(
-        POOCH_ERR_OUT_OF_BUDGET,
-        fmt::format("the host pool needs {} bytes ({:.2f} MiB) for staging{}, more than "
-                    "the host memory cap of {} bytes; it needs a host budget of at least "
-                    "{} MiB",
-                    host_bytes, to_mib(host_bytes), ooc_.active ? " and swapped activations" : "",
-                    cfg.host_memory, mib_ceil(host_bytes)));
+    throw Error(POOCH_ERR_OUT_OF_BUDGET,
+                fmt::format("the host pool needs {} bytes ({:.2f} MiB) for staging{}, more than "
+                            "the host memory cap of {} bytes; it needs a host budget of at least "
+                            "{} MiB",
+                            host_bytes, to_mib(host_bytes),
+                            ooc_.paged_bytes
+                                ? ", paged weights and optimizer state, and swapped activations"
+                            : ooc_.active ? " and swapped activations"
+                                          : "",
+                            cfg.host_memory, mib_ceil(host_bytes)));
+  arena_taken_ = arena_bytes;
+  host_taken_ = host_bytes;
+  if (cfg.plan_only) return;  // nothing is taken, nothing initialised
   exec_ = std::make_unique<Executor>(*backend_, arena_bytes, host_bytes);
   for (auto& p : programs_)
     if (p) p->bound = exec_->bind(p->schedule, ctx_.get());
@@ -178,11 +244,22 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     const auto it = m.init.find(d.name);
     const std::vector<std::byte> bytes = it != m.init.end() ? initial_value(d, it->second, m.seed)
                                                             : std::vector<std::byte>(d.bytes());
-    exec_->write(layout_.device_offset[t], bytes.data(), bytes.size());
+    if (layout_.paged(static_cast<TensorId>(t)))
+      std::memcpy(exec().host_pool() + layout_.home_offset[t], bytes.data(), bytes.size());
+    else
+      exec().write(layout_.device_offset[t], bytes.data(), bytes.size());
   }
 }
 
 Session::~Session() = default;
+
+Executor& Session::exec() const {
+  if (!exec_)
+    throw Error(POOCH_ERR_UNSUPPORTED,
+                "this session only plans (created with plan_only): it took no memory and runs "
+                "nothing; create one without plan_only to train or read tensors");
+  return *exec_;
+}
 
 const Schedule* Session::schedule(ProgramKind p) const {
   const auto& c = programs_[static_cast<int>(p)];
@@ -211,14 +288,14 @@ void* Session::input_buffer(std::string_view name, int64_t rows) {
   const TensorId t = staged_tensor(name, true);
   const IoTensor* io = model_->find_input(name);
   if (io && io->batch_dim >= 0) rows_ = rows;
-  return exec_->host_pool() + layout_.host_offset[static_cast<size_t>(t)];
+  return exec().host_pool() + layout_.host_offset[static_cast<size_t>(t)];
 }
 
 void Session::set_input(std::string_view name, const void* data, size_t bytes) {
   const TensorId t = staged_tensor(name, true);
   const TensorDesc& d = graph_.tensor(t);
   const IoTensor* io = model_->find_input(name);
-  auto* dst = exec_->host_pool() + layout_.host_offset[static_cast<size_t>(t)];
+  auto* dst = exec().host_pool() + layout_.host_offset[static_cast<size_t>(t)];
   if (!io || io->batch_dim < 0 || d.shape.empty()) {
     if (bytes != d.bytes())
       throw Error(POOCH_ERR_INVALID_ARG,
@@ -276,7 +353,7 @@ void Session::fill_row_masks() {
   for (const IoTensor& io : model_->inputs) {
     if (!io.row_mask) continue;
     const TensorDesc& d = graph_.tensor(io.id);
-    auto* dst = exec_->host_pool() + layout_.host_offset[static_cast<size_t>(io.id)];
+    auto* dst = exec().host_pool() + layout_.host_offset[static_cast<size_t>(io.id)];
     const auto n = static_cast<size_t>(d.numel());
     const size_t rows = rows_ < 0 ? n : std::min(n, static_cast<size_t>(rows_));
     fill(dst, d.dtype, rows, 1.0);
@@ -301,7 +378,7 @@ void Session::run(ProgramKind p) {
                                                           : "it was created for inference")
                                 : "the model has no outputs for it"));
   prepare_run(c->schedule);
-  exec_->run(c->bound);
+  exec().run(c->bound);
 }
 
 void Session::run_profiled_train_step() {
@@ -309,15 +386,19 @@ void Session::run_profiled_train_step() {
   auto& c = programs_[static_cast<int>(ProgramKind::train_step)];
   if (!c) run(ProgramKind::train_step);  // says why there is none
   prepare_run(c->schedule);
-  const StepTimes t = exec_->run_timed(c->bound);
+  const StepTimes t = exec().run_timed(c->bound);
   profile_ = measured_profile(graph_, c->schedule, t, profile_.link);
   profile_measured_ = true;
   if (ooc_.active) {
-    OocPlan op = plan_out_of_core(graph_, train_request_, *backend_, layout_, {cfg_.deterministic},
-                                  cfg_.strategy, exec_->arena_bytes(), profile_);
-    if (op.schedule.host_bytes <= exec_->host_bytes()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    OocPlan op =
+        plan_out_of_core(graph_, train_request_, *backend_, layout_, {cfg_.deterministic},
+                         cfg_.strategy, exec().arena_bytes(), profile_, exec().host_bytes());
+    ooc_.plan_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (op.schedule.host_bytes <= exec().host_bytes()) {
       c->schedule = std::move(op.schedule);
-      c->bound = exec_->bind(c->schedule, ctx_.get());
+      c->bound = exec().bind(c->schedule, ctx_.get());
       ooc_.strategy = op.strategy;
       ooc_.swapped_bytes = c->schedule.swapped_bytes;
       ooc_.recomputed_bytes = c->schedule.recomputed_bytes;
@@ -338,7 +419,7 @@ int Session::compile(const std::vector<TensorId>& wanted, bool training, bool wi
   rq.outputs = outs;
   rq.training = training;
   p->schedule = plan_schedule(graph_, rq, *backend_, layout_, {cfg_.deterministic});
-  p->bound = exec_->bind(p->schedule, ctx_.get());
+  p->bound = exec().bind(p->schedule, ctx_.get());
   custom_.push_back(std::move(p));
   return static_cast<int>(custom_.size() - 1);
 }
@@ -347,7 +428,7 @@ void Session::run_compiled(int id) {
   check_cancel();
   const CompiledProgram& c = *custom_.at(static_cast<size_t>(id));
   prepare_run(c.schedule);
-  exec_->run(c.bound);
+  exec().run(c.bound);
 }
 
 const void* Session::staged(TensorId t) const {
@@ -355,7 +436,7 @@ const void* Session::staged(TensorId t) const {
   if (off == kUnplaced)
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("tensor '{}' is not an input or output", graph_.tensor(t).name));
-  return exec_->host_pool() + off;
+  return exec().host_pool() + off;
 }
 
 const void* Session::output_buffer(std::string_view name) const {
@@ -378,7 +459,11 @@ std::vector<std::byte> Session::read_tensor(std::string_view name) const {
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("no weight or optimizer state named '{}'", name));
   std::vector<std::byte> out(graph_.tensor(*id).bytes());
-  exec_->read(layout_.device_offset[static_cast<size_t>(*id)], out.data(), out.size());
+  if (layout_.paged(*id))  // its home is the host pool, current after every run
+    std::memcpy(out.data(), exec().host_pool() + layout_.home_offset[static_cast<size_t>(*id)],
+                out.size());
+  else
+    exec().read(layout_.device_offset[static_cast<size_t>(*id)], out.data(), out.size());
   return out;
 }
 
@@ -391,12 +476,16 @@ void Session::write_tensor(std::string_view name, const void* data, size_t bytes
   if (bytes != d.bytes())
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("tensor '{}' has {} bytes, got {}", name, d.bytes(), bytes));
-  exec_->write(layout_.device_offset[static_cast<size_t>(*id)], data, bytes);
+  if (layout_.paged(*id))
+    std::memcpy(exec().host_pool() + layout_.home_offset[static_cast<size_t>(*id)], data, bytes);
+  else
+    exec().write(layout_.device_offset[static_cast<size_t>(*id)], data, bytes);
 }
 
 const std::byte* Session::host_view(TensorId t) const {
+  if (layout_.paged(t)) return exec().host_pool() + layout_.home_offset[static_cast<size_t>(t)];
   const size_t off = layout_.device_offset.at(static_cast<size_t>(t));
-  return off == kUnplaced ? nullptr : exec_->host_view(off);
+  return off == kUnplaced ? nullptr : exec().host_view(off);
 }
 
 }  // namespace pooch

@@ -6,6 +6,7 @@
 #pragma once
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "../core/optimizer.h"
 #include "../exec/executor.h"
 #include "../models/model.h"
+#include "../plan/machine.h"
 #include "../plan/ooc.h"
 #include "../plan/planner.h"
 
@@ -37,17 +39,36 @@ struct SessionConfig {
   // planner assumes before anything is measured (0: a PCIe-like default).
   double link_bandwidth = 0;
   double link_latency = 0;
+  // A card described instead of profiled (--machine): the planner's node
+  // times and link come from it, and its usable memory is the budget unless
+  // device_memory is set. The session then takes only the arena its plan
+  // needs (not the whole budget: the card's memory need not exist here).
+  std::optional<Machine> machine;
+  // Plan every program and report, but take no memory and run nothing (what
+  // `pooch-run plan` needs: a model planned for a card far larger than this
+  // machine must not be allocated here). Every call that would touch memory
+  // is Error(POOCH_ERR_UNSUPPORTED).
+  bool plan_only = false;
+  // How far the session may page persistent tensors to the host pool when
+  // no plan of the activations fits: 0 never, 1 the optimizer state, 2 the
+  // weights too.
+  int max_paging = 2;
 };
 
 // What the planner decided for the train step.
 struct OutOfCoreReport {
-  bool active = false;  // the in-core step did not fit: activations are swapped or recomputed
+  bool active = false;  // the in-core step did not fit: activations swapped or recomputed, or
+                        // weights and optimizer state paged
   Strategy strategy = Strategy::keep;
   size_t in_core_arena = 0;  // what the train step needs in core
   size_t swapped_bytes = 0, recomputed_bytes = 0;
+  // Weights and optimizer state whose home is the host pool, and the bytes a
+  // train step copies for them (in before their uses, updated ones back).
+  size_t paged_bytes = 0, paged_copy_bytes = 0;
   double predicted_seconds = 0;  // the simulator's step time
   double predicted_in_core = 0;  // the same for the in-core step
   int plans_tried = 0;
+  double plan_seconds = 0;  // wall time of the out-of-core search (the last one)
 };
 
 // One program compiled for this session.
@@ -115,16 +136,23 @@ class Session {
   const char* backend_name() const { return backend_->name(); }
   Backend& backend() const { return *backend_; }
   size_t budget() const { return budget_; }
-  size_t host_pool_bytes() const { return exec_->host_bytes(); }
+  // The host pool and arena the session took (or would take, plan_only).
+  size_t host_pool_bytes() const { return host_taken_; }
+  size_t arena_taken() const { return arena_taken_; }
+  bool plan_only() const { return !exec_; }
   // The arena the session took and what it holds (the persistent region
   // plus the largest program's buffers), by role.
   const ArenaPlan& memory_plan() const { return memory_; }
   const Schedule* schedule(ProgramKind p) const;
   const OutOfCoreReport& out_of_core() const { return ooc_; }
   const Profile& profile() const { return profile_; }
+  // The card the session plans for (SessionConfig::machine), or null.
+  const Machine* machine() const { return cfg_.machine ? &*cfg_.machine : nullptr; }
   // The train step as the planner sees it (its nodes and split), for reports:
   // saved_activations(graph(), train_request()).
   const ProgramRequest& train_request() const { return train_request_; }
+  // Where the persistent tensors live (device offsets, host homes of paged ones).
+  const SessionLayout& layout() const { return layout_; }
 
  private:
   TensorId staged_tensor(std::string_view name, bool input) const;
@@ -132,6 +160,8 @@ class Session {
   // Row masks, step counter and training flag for a run of `s`.
   void prepare_run(const Schedule& s);
   void check_cancel();
+  // The executor; Error(POOCH_ERR_UNSUPPORTED) for a plan_only session.
+  Executor& exec() const;
   std::shared_ptr<const Model> model_;
   SessionConfig cfg_;
   Graph graph_;
@@ -147,6 +177,7 @@ class Session {
   bool profile_measured_ = false;
   ProgramRequest train_request_;  // kept for planning again from a measured profile and reports
   size_t budget_ = 0;
+  size_t arena_taken_ = 0, host_taken_ = 0;
   int64_t rows_ = -1;  // rows of the last batch input set (-1: none yet: every row counts)
   std::atomic<bool> cancel_{false};
 };

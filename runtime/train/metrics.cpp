@@ -234,18 +234,42 @@ std::vector<double> inverse_propensities(const std::vector<int64_t>& label_count
   return w;
 }
 
+namespace {
+
+// The propensity constants (A, B) of the Extreme Classification Repository
+// (http://manikvarma.org/downloads/XC/XMLRepository.html, "Propensity scored
+// metrics"; Jain, Prabhu and Varma, "Extreme Multi-label Loss Functions for
+// Recommendation, Tagging, Ranking & Other Missing Label Applications", KDD
+// 2016, section 5): A = 0.5, B = 0.4 for the Wikipedia-LSHTC-derived sets
+// (WikiLSHTC-325K, Wiki-500K, WikiSeeAlso, WikiTitles); A = 0.6, B = 2.6 for
+// the Amazon sets (Amazon-670K, Amazon-3M, AmazonTitles); A = 0.55, B = 1.5
+// for all others (EURLex-4K, Wiki10-31K, AmazonCat-13K, Debtags, ...).
+// A name matches a row when it contains the row's key (lower case, letters
+// and digits only); the first matching row wins, so the "others" that share a
+// prefix with a special family (Wiki10, AmazonCat) come first.
+struct PropensityRow {
+  const char* key;
+  double a, b;
+};
+constexpr PropensityRow kPropensityTable[] = {
+    {"wiki10", 0.55, 1.5},     // Wiki10-31K: not Wikipedia-LSHTC-derived
+    {"amazoncat", 0.55, 1.5},  // AmazonCat-13K: "all others"
+    {"wiki", 0.5, 0.4},        // WikiLSHTC-325K, Wiki-500K, Wikipedia-500K, WikiSeeAlso, ...
+    {"amazon", 0.6, 2.6},      // Amazon-670K, Amazon-3M, AmazonTitles-*
+};
+constexpr PropensityRow kPropensityOthers = {"", 0.55, 1.5};
+
+}  // namespace
+
 std::pair<double, double> default_propensity_ab(std::string_view dataset_name) {
   std::string s;  // lower case, letters and digits only: "Wiki10-31K" -> "wiki1031k"
   for (char ch : dataset_name) {
     const auto u = static_cast<unsigned char>(ch);
     if (std::isalnum(u)) s += static_cast<char>(std::tolower(u));
   }
-  const bool wiki = s.find("wiki") != std::string::npos && s.find("wiki10") == std::string::npos;
-  const bool amazon =
-      s.find("amazon") != std::string::npos && s.find("amazoncat") == std::string::npos;
-  if (wiki) return {0.5, 0.4};
-  if (amazon) return {0.6, 2.6};
-  return {0.55, 1.5};
+  for (const PropensityRow& r : kPropensityTable)
+    if (s.find(r.key) != std::string::npos) return {r.a, r.b};
+  return {kPropensityOthers.a, kPropensityOthers.b};
 }
 
 }  // namespace pooch

@@ -105,12 +105,13 @@ class XmcMetrics {
 std::vector<double> inverse_propensities(const std::vector<int64_t>& label_counts, int64_t n_train,
                                          double A, double B);
 
-// The usual (A, B) for a data set, chosen by its name (case and punctuation ignored):
-// Wikipedia sets (WikiLSHTC-325K, Wikipedia-500K, WikiTitles, WikiSeeAlso, ...) → (0.5, 0.4);
-// Amazon sets (Amazon-670K, Amazon-3M, AmazonTitles, ...) → (0.6, 2.6); anything else → (0.55,
-// 1.5). Wiki10-31K and AmazonCat-13K are "anything else": pyxclib's compute_inv_propesity
-// documentation lists only Wikipedia-500K (0.5, 0.4) and Amazon-670K/3M (0.6, 2.6) as the
-// special cases, "others" 0.55/1.5. Pass explicit A, B to inverse_propensities to override.
+// The usual (A, B) for a data set, chosen by its name (case and punctuation
+// ignored) from the Extreme Classification Repository's table (metrics.cpp
+// cites it): Wikipedia-LSHTC-derived sets (WikiLSHTC-325K, Wiki-500K,
+// WikiSeeAlso, WikiTitles) -> (0.5, 0.4); Amazon sets (Amazon-670K, Amazon-3M,
+// AmazonTitles) -> (0.6, 2.6); all others (EURLex-4K, Wiki10-31K,
+// AmazonCat-13K, Debtags, an empty name) -> (0.55, 1.5). Pass explicit A, B
+// to inverse_propensities to override.
 std::pair<double, double> default_propensity_ab(std::string_view dataset_name);
 
 }  // namespace pooch

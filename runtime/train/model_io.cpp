@@ -152,6 +152,33 @@ void save_session(const Session& s, const std::string& path, bool checkpoint,
   write_pooch_file(path, meta, g, data);
 }
 
+void save_model(const Model& m, const std::string& path,
+                const std::map<std::string, std::vector<std::byte>, std::less<>>& weights) {
+  const Graph& g = m.graph;
+  Metadata meta;
+  meta.set_string(meta_keys::kKind, "model");
+  if (!m.spec_json.empty()) meta.set_string(meta_keys::kModelSpec, m.spec_json);
+  if (!m.family.empty()) meta.set_string(meta_keys::kModelFamily, m.family);
+  meta.set_string(meta_keys::kModelIo, io_to_json(m, g));
+  meta.set_u64(meta_keys::kStep, 0);
+  std::vector<TensorData> data;
+  for (size_t t = 0; t < g.num_tensors(); ++t) {
+    const auto id = static_cast<TensorId>(t);
+    const TensorDesc& d = g.tensor(id);
+    if (d.role != Role::weight) continue;
+    const auto it = weights.find(d.name);
+    if (it == weights.end() || it->second.size() != d.bytes())
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("cannot write '{}': weight '{}' ({} {}) {}", path, d.name,
+                              dtype_name(d.dtype), shape_str(d.shape),
+                              it == weights.end() ? "has no data"
+                                                  : fmt::format("has {} bytes of data, not {}",
+                                                                it->second.size(), d.bytes())));
+    data.push_back({id, it->second.data(), it->second.size()});
+  }
+  write_pooch_file(path, meta, g, data);
+}
+
 LoadedFile load_model_file(const std::string& path) {
   PoochFile f = read_pooch_file(path);
   LoadedFile out{std::move(f), nullptr, false, {}, false, {}};

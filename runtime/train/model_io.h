@@ -5,9 +5,11 @@
 // run continues bit for bit. A model file loads without the loader knowing its
 // family: the graph is in the file.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "../../formats/pooch_file.h"
 #include "../core/optimizer.h"
@@ -21,6 +23,13 @@ namespace pooch {
 // atomically; `extra` metadata (trainer state) is added.
 void save_session(const Session& s, const std::string& path, bool checkpoint,
                   const Metadata& extra = {});
+
+// Writes a model file from a model (its forward graph) and every weight's
+// bytes by name, without a session: what an importer of other programs'
+// checkpoints writes. Error POOCH_ERR_INVALID_ARG naming a weight that is
+// missing or of the wrong size. The file loads as any model file.
+void save_model(const Model& m, const std::string& path,
+                const std::map<std::string, std::vector<std::byte>, std::less<>>& weights);
 
 struct LoadedFile {
   PoochFile file;

@@ -218,6 +218,20 @@ expect plan-too-small 3 "$RUN" plan --model incore.pooch --device-memory 4K "${T
 contains plan-too-small-advice plan-too-small.err 'raise --device-memory to at least [0-9]+ MiB'
 expect plan-no-model 1 "$RUN" plan --device-memory 1M "${T[@]}"
 expect plan-svg-no-dir 2 "$RUN" plan --model incore.pooch --svg no-such-dir/s.svg "${T[@]}"
+# --machine: plan for a card described in machines/*.json; a strict reader.
+MACHINES=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../machines" && pwd)
+expect plan-machine 0 "$RUN" plan --model incore.pooch --machine "$MACHINES/gtx1650.json" \
+  --json "${T[@]}"
+contains plan-machine-name plan-machine.out '^  machine +NVIDIA GeForce GTX 1650'
+contains plan-machine-fits plan-machine.out '^  fits +yes: device [0-9.]+ [KM]iB, host'
+contains plan-machine-json plan-machine.out '"fits":true.*"machine":\{"name":"NVIDIA GeForce GTX 1650'
+grep -v '"flops"' "$MACHINES/gtx1650.json" > no-flops.json
+expect plan-machine-missing 2 "$RUN" plan --model incore.pooch --machine no-flops.json "${T[@]}"
+contains plan-machine-missing-names plan-machine-missing.err "no-flops.json: missing field 'flops'"
+sed 's/"link_latency": 10e-6/"link_latency": -1/' "$MACHINES/gtx1650.json" > negative.json
+expect plan-machine-negative 2 "$RUN" plan --model incore.pooch --machine negative.json "${T[@]}"
+contains plan-machine-negative-names plan-machine-negative.err "negative.json: field 'link_latency' is -1"
+expect plan-machine-absent 2 "$RUN" plan --model incore.pooch --machine no-such.json "${T[@]}"
 expect profile 0 "$RUN" profile --model incore.pooch --data data --json "${T[@]}"
 contains profile-header profile.out '^  op +calls +ms +GFLOP/s'
 contains profile-linear profile.out '^  [a-z_]*linear +[0-9]+ +[0-9.]+ '

@@ -287,7 +287,8 @@ std::vector<OpCase> sparse_cases(Rng& rng) {
   ffi_linear_cases(rng, out);
   ffi_grad_cases(rng, out);
   topk_cases(rng, out);
-  scatter_add_rows_cases(rng, out);  // last: the cases above keep their data
+  scatter_add_rows_cases(rng, out);  // the cases above keep their data
+  for (OpCase& c : ffi_head_cases(rng)) out.push_back(std::move(c));
   return out;
 }
 

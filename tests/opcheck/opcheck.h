@@ -39,7 +39,7 @@ struct OpCase {
   // finite differences (large cases whose reference forward pass is too slow
   // to repeat twice per sampled element).
   bool finite_differences = true;
-  std::string label;  // shape summary for the report, e.g. "B=3 I=5 O=7"
+  std::string label;     // shape summary for the report, e.g. "B=3 I=5 O=7"
   bool training = true;  // the kernel context's training flag (false: inference)
 };
 
@@ -57,8 +57,10 @@ std::vector<HostTensor> random_csr(Rng& rng, int64_t rows, int64_t features, dou
 // One function per op family, each in its own file (cases_*.cpp).
 std::vector<OpCase> dense_cases(Rng& rng);
 std::vector<OpCase> sparse_cases(Rng& rng);
+std::vector<OpCase> ffi_head_cases(Rng& rng);  // part of sparse_cases (cases_ffi_head.cpp)
 std::vector<OpCase> loss_cases(Rng& rng);
 std::vector<OpCase> optim_cases(Rng& rng);
 std::vector<OpCase> lm_cases(Rng& rng);
+std::vector<OpCase> conv_cases(Rng& rng);
 
 }  // namespace pooch::opcheck

@@ -1312,6 +1312,7 @@ int run_opcheck(const Options& opt) {
                              {"sparse", sparse_cases},
                              {"loss", loss_cases},
                              {"optim", optim_cases},
+                             {"conv", conv_cases},
                              {"lm", lm_cases}};
   std::vector<std::string> fd_covered;
   for (uint32_t f = 0; f < std::size(families); ++f) {

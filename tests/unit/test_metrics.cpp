@@ -456,6 +456,9 @@ TEST(DefaultPropensityAB, Families) {
   EXPECT_EQ(default_propensity_ab("AmazonCat-13K"), AB(0.55, 1.5));
   EXPECT_EQ(default_propensity_ab("EURLex-4K"), AB(0.55, 1.5));
   EXPECT_EQ(default_propensity_ab(""), AB(0.55, 1.5));
+  EXPECT_EQ(default_propensity_ab("Wiki-500K"), AB(0.5, 0.4));
+  EXPECT_EQ(default_propensity_ab("debtags-xmc"), AB(0.55, 1.5));
+  EXPECT_EQ(default_propensity_ab("Wiki10-31K-sample"), AB(0.55, 1.5));
 }
 
 }  // namespace

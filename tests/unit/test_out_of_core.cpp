@@ -145,7 +145,11 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
       EXPECT_TRUE(s.out_of_core().active);
       EXPECT_LE(s.memory_plan().peak, oc.device_memory);
       EXPECT_LE(s.backend().memory_info().arena_bytes, oc.device_memory);
-      EXPECT_GT(s.out_of_core().swapped_bytes + s.out_of_core().recomputed_bytes, 0u);
+      // A strategy that cannot reach the budget with activations alone pages
+      // the optimizer state instead.
+      EXPECT_GT(s.out_of_core().swapped_bytes + s.out_of_core().recomputed_bytes +
+                    s.out_of_core().paged_bytes,
+                0u);
       EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
       const OutOfCoreReport& r = s.out_of_core();
       std::printf(
@@ -169,6 +173,131 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, OutOfCore, ::testing::Values(0, 1, 2));
+
+// Budgets below the weights and optimizer state: the session pages the
+// optimizer state (and then the weights) to the host pool, copies each in
+// before its uses and the updated ones back, and trains to the same bits.
+class Paging : public ::testing::TestWithParam<int> {};
+
+// The smallest budget a swap-all plan reaches when the session may page up
+// to `max_paging` (plan-only sessions, by bisection to 256 bytes).
+size_t smallest_budget(const ModelSpec& spec, int max_paging, size_t hi) {
+  SessionConfig c;
+  c.device = DeviceKind::cpu;
+  c.threads = 1;
+  c.plan_only = true;
+  c.strategy = Strategy::swap_all;
+  c.max_paging = max_paging;
+  size_t lo = 0;  // does not fit; hi fits
+  while (hi - lo > 256) {
+    c.device_memory = lo + (hi - lo) / 2;
+    try {
+      Session s(build(spec), c);
+      hi = c.device_memory;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET) << e.what();
+      lo = c.device_memory;
+    }
+  }
+  return hi;
+}
+
+TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
+  const Case cases[] = {
+      {"xmc", xmc_spec(), 0}, {"chain50", chain_spec(50), 0}, {"norm", norm_spec(), 0}};
+  const Case& c = cases[GetParam()];
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  Session in_core(build(c.spec), cfg);
+  const auto expect = train(in_core, 3);
+  const size_t in_core_train = in_core.out_of_core().in_core_arena;
+  // The smallest budgets without paging, paging the optimizer state, and
+  // paging the weights too: each level reaches lower.
+  const size_t b0 = smallest_budget(c.spec, 0, in_core_train);
+  const size_t b1 = smallest_budget(c.spec, 1, in_core_train);
+  const size_t b2 = smallest_budget(c.spec, 2, in_core_train);
+  std::printf(
+      "%-8s smallest budget: %zu without paging, %zu paging optimizer state, %zu paging "
+      "weights too (in-core step %zu)\n",
+      c.name, b0, b1, b2, in_core_train);
+  EXPECT_LT(b1, b0);
+  EXPECT_LT(b2, b1);
+  for (size_t level = 1; level <= 2; ++level) {
+    const size_t budget = level == 1 ? b1 : b2;
+    for (Strategy st : {Strategy::swap_all, Strategy::automatic}) {
+      SessionConfig oc = cfg;
+      oc.strategy = st;
+      oc.device_memory = budget;
+      SCOPED_TRACE(std::string(c.name) + " " + strategy_name(st) + " budget " +
+                   std::to_string(budget) + " (in-core step " + std::to_string(in_core_train) +
+                   ")");
+      Session s(build(c.spec), oc);
+      const OutOfCoreReport& r = s.out_of_core();
+      EXPECT_TRUE(r.active);
+      EXPECT_GT(r.paged_bytes, 0u);
+      EXPECT_GT(r.paged_copy_bytes, r.paged_bytes);  // in before use, updated ones back
+      EXPECT_LE(s.memory_plan().peak, budget);
+      EXPECT_LE(s.backend().memory_info().arena_bytes, budget);  // the measured high-water mark
+      EXPECT_GE(r.predicted_seconds, r.predicted_in_core);
+      EXPECT_EQ(r.in_core_arena, in_core_train);
+      size_t paged_weights = 0;
+      for (size_t t = 0; t < s.graph().num_tensors(); ++t)
+        if (s.layout().paged(static_cast<TensorId>(t)) &&
+            s.graph().tensor(static_cast<TensorId>(t)).role == Role::weight)
+          paged_weights += s.graph().tensor(static_cast<TensorId>(t)).bytes();
+      if (level == 2) EXPECT_GT(paged_weights, 0u);  // below b1 only paged weights fit
+      EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
+      std::printf(
+          "%-8s %-10s budget %8zu  arena %8zu  paged %8zu (weights %8zu)  copied %8zu  "
+          "predicted %.3g s (in core %.3g s)\n",
+          c.name, strategy_name(st), budget, s.memory_plan().peak, r.paged_bytes, paged_weights,
+          r.paged_copy_bytes, r.predicted_seconds, r.predicted_in_core);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Paging, ::testing::Values(0, 1, 2));
+
+// --host-memory caps the host pool: the planner looks for a plan whose host
+// pool fits (recomputing what it cannot swap), takes no more than the cap,
+// and says how much a cap too small for any plan would need.
+TEST(HostPool, TheCapIsAPlanningConstraint) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  Session in_core(build(chain_spec(50)), cfg);
+  const auto expect = train(in_core, 3);
+  const size_t in_core_train = in_core.out_of_core().in_core_arena;
+  size_t persistent = 0;
+  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
+    persistent += in_core.memory_plan().bytes_by_role[r];
+  SessionConfig oc = cfg;
+  oc.device_memory = persistent + (in_core_train - persistent) / 2;
+  oc.strategy = Strategy::swap_all;
+  Session swapping(build(chain_spec(50)), oc);
+  const size_t staging = in_core.host_pool_bytes();
+  const size_t swap_host = swapping.schedule(ProgramKind::train_step)->host_bytes;
+  ASSERT_GT(swap_host, staging);
+  // Room for a quarter of what swap-all puts on the host.
+  oc.strategy = Strategy::automatic;
+  oc.host_memory = staging + (swap_host - staging) / 4;
+  Session capped(build(chain_spec(50)), oc);
+  EXPECT_LE(capped.host_pool_bytes(), oc.host_memory);
+  EXPECT_LE(capped.schedule(ProgramKind::train_step)->host_bytes, oc.host_memory);
+  EXPECT_LE(capped.backend().memory_info().arena_bytes, oc.device_memory);
+  EXPECT_GT(capped.out_of_core().recomputed_bytes, 0u);
+  EXPECT_EQ(train(capped, 3), expect);
+  // Swap-all cannot live under that cap: the error says what it needs.
+  oc.strategy = Strategy::swap_all;
+  try {
+    Session s(build(chain_spec(50)), oc);
+    ADD_FAILURE() << "swap-all fitted a host cap below its swap slots";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
+    EXPECT_NE(std::string(e.what()).find("host budget of at least"), std::string::npos) << e.what();
+  }
+}
 
 }  // namespace
 

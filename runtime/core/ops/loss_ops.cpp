@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "../op_registry.h"
+#include "op_checks.h"
 
 namespace pooch {
 namespace {
@@ -57,6 +58,8 @@ void check_logits_targets(std::string_view op, InDescs in) {
                              shape_str(x.shape), t.name, shape_str(t.shape)));
 }
 
+}  // namespace
+
 // x[B,L] float, lptr i32[B+1], lidx i32[M]. The label ids themselves are
 // data: the batch loader checks them, the kernels trust them.
 void check_logits_label_csr(std::string_view op, InDescs in) {
@@ -81,6 +84,8 @@ void check_logits_label_csr(std::string_view op, InDescs in) {
                              "row offsets",
                              idx.name, shape_str(idx.shape)));
 }
+
+namespace {
 
 // pred[..., C] float, target of the same shape, row_weight[rows] of the same
 // float type (rows = the product of the leading dimensions).

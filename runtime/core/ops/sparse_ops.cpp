@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "../op_registry.h"
+#include "op_checks.h"
 
 namespace pooch {
 namespace {
@@ -123,6 +124,8 @@ void add_sparse_linear(OpRegistry& r) {
 
 // ---- fixed fan-in layer -------------------------------------------------------
 
+}  // namespace
+
 // index[L,K] is u16 or i32; u16 only when every hidden unit is addressable.
 // The transposed kernels count slots in i32, so L*K must fit one.
 void check_index(std::string_view op, const TensorDesc& index, int64_t hidden) {
@@ -149,6 +152,8 @@ void expect_like_index(std::string_view op, const TensorDesc& t, const char* rol
     op_error(op, fmt::format("{} '{}' {} must have the shape of index '{}' {}", role, t.name,
                              shape_str(t.shape), index.name, shape_str(index.shape)));
 }
+
+namespace {
 
 double ffi_macs(const TensorDesc* batch_rows, const TensorDesc* index) {
   return static_cast<double>(batch_rows->shape[0]) * numel(index);

@@ -216,11 +216,19 @@ typedef struct pooch_session_params {
   pooch_progress_fn progress;
   void* progress_user;
   int strategy;             /* a pooch_strategy (default AUTO; 0, KEEP, when zeroed by hand) */
-  int reserved_int;
+  int plan_only;            /* 1: plan and report only (pooch_session_memory,
+                               pooch_session_plan_json); no memory is taken and every call
+                               that would run or touch tensors fails with
+                               POOCH_ERR_UNSUPPORTED (default 0) */
   size_t host_memory;       /* cap on the host pool (staging and swapped activations); 0: none */
   double link_bandwidth;    /* CPU device only: an emulated device link, bytes/s (0: none) */
   double link_latency;      /* its latency per copy, seconds */
-  uint8_t reserved[32]; /* zero: room for new fields (see the top of this file) */
+  const char* machine_file; /* a card's description (JSON, as the source's machines/ folder
+                               holds; docs/PLANNER.md): plan for it instead of this device
+                               (its memory is the budget unless device_memory is set; node
+                               times from its roofline); NULL: none. Read during
+                               pooch_session_create. */
+  uint8_t reserved[24]; /* zero: room for new fields (see the top of this file) */
 } pooch_session_params;
 
 POOCH_API void pooch_session_default_params(pooch_session_params* p);
@@ -293,11 +301,15 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
 
 /* The train step's plan as one JSON document (docs/PLANNER.md); free it with
  * pooch_string_free. Keys: "backend", "strategy" (the one the plan came
- * from), "out_of_core", "profile" ("estimated" or "measured"), "budget",
+ * from), "out_of_core", "profile" ("estimated", "measured" or "machine"), "budget",
  * "in_core_arena", "arena" (what the step needs), "arena_taken",
  * "persistent_bytes", "host_pool" (taken), "host_bytes" (what the step
  * needs), "predicted_seconds", "predicted_in_core_seconds",
- * "compute_seconds", "swapped_bytes", "recomputed_bytes", "plans_tried";
+ * "compute_seconds", "swapped_bytes", "recomputed_bytes", "plans_tried",
+ * "plan_seconds" (the out-of-core search's wall time), "paged_bytes" (weights
+ * and optimizer state whose home is the host pool), "paged_copy_bytes" (what
+ * a step copies for them, both ways); "paged": each paged tensor as {"name",
+ * "bytes", "role"};
  * "activations": every activation saved for the backward pass as {"name",
  * "bytes", "decision" ("keep", "swap", "recompute"), "producer",
  * "last_forward", "first_backward" (positions in the program),
@@ -309,7 +321,11 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
  * order of "occupancy_fields": the slot's simulated start and end, the
  * transient region's live bytes (it starts at "persistent_bytes") by kind:
  * input, activation, swapped (back on the device), recomputed, gradient,
- * workspace, their total, and the highest byte in use ("top"). Fails with
+ * workspace, their total, the highest byte in use ("top"), and paged weights and
+ * optimizer state copied in ("paged", counted in the total); with a
+ * machine_file, "machine": {"name", "file", "memory", "usable_memory", and
+ * the achievable "flops", "memory_bandwidth", "h2d_bandwidth",
+ * "d2h_bandwidth", "link_latency" the plan used}. Fails with
  * POOCH_ERR_UNSUPPORTED for a session without a train step. */
 POOCH_API pooch_status pooch_session_plan_json(const pooch_session* s, char** json_out);
 
@@ -480,6 +496,45 @@ POOCH_API pooch_status pooch_train(pooch_session* s, const pooch_dataset* train,
 POOCH_API pooch_status pooch_evaluate(pooch_session* s, const pooch_dataset* ds,
                                       const pooch_dataset* train, float a, float b,
                                       pooch_metrics* out);
+
+/* ---- Language models: tokenizer, token data, GPT-2 checkpoints ------------
+ * (docs/FORMAT.md "Token files", "Byte-level BPE tokenizer files", "GPT-2
+ * checkpoints of other programs"). */
+
+/* GPT-2's byte-level BPE tokenizer, from vocab.json and merges.txt. */
+typedef struct pooch_tokenizer pooch_tokenizer;
+POOCH_API pooch_status pooch_tokenizer_load(const char* vocab_json, const char* merges_txt,
+                                            pooch_tokenizer** out);
+POOCH_API void pooch_tokenizer_free(pooch_tokenizer** t);
+POOCH_API int64_t pooch_tokenizer_vocab_size(const pooch_tokenizer* t); /* -1 for NULL */
+/* Encodes `len` bytes of UTF-8 text: writes min(count, cap) ids to `ids`
+ * (NULL when cap is 0) and the count to *count; call again with a buffer of
+ * *count ids when it is larger than cap. */
+POOCH_API pooch_status pooch_tokenizer_encode(const pooch_tokenizer* t, const char* text,
+                                              size_t len, int32_t* ids, int64_t cap,
+                                              int64_t* count);
+/* The bytes token `id` stands for (not NUL-terminated; a token may hold part
+ * of a UTF-8 character, so a streaming caller writes bytes as they come).
+ * They stay valid while the tokenizer lives. */
+POOCH_API pooch_status pooch_tokenizer_token(const pooch_tokenizer* t, int32_t id,
+                                             const char** bytes, size_t* len);
+
+/* Token ids from a file: an llm.c token file (a 256 x int32 header with
+ * magic 20240520, then uint16 tokens), or with `bytes` nonzero any file's
+ * bytes as ids 0..255. Free *tokens with pooch_tokens_free. */
+POOCH_API pooch_status pooch_tokens_load(const char* path, int bytes, int32_t** tokens,
+                                         int64_t* count);
+POOCH_API void pooch_tokens_free(int32_t** tokens);
+/* Writes ids (each in [0, 65535]) as an llm.c token file, atomically. */
+POOCH_API pooch_status pooch_tokens_save(const char* path, const int32_t* tokens, int64_t count);
+
+/* GPT-2 checkpoints of other programs. Import reads a Hugging Face directory
+ * (config.json + model.safetensors, as GPT2LMHeadModel.save_pretrained
+ * writes) or an llm.c gpt2_*.bin, tensor by tensor, and writes a pooch gpt
+ * model file. Export writes a gpt model file as config.json +
+ * model.safetensors that GPT2LMHeadModel.from_pretrained loads. */
+POOCH_API pooch_status pooch_gpt_import(const char* from, const char* out_path);
+POOCH_API pooch_status pooch_gpt_export(const char* model_path, const char* out_dir);
 
 #ifdef __cplusplus
 }

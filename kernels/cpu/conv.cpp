@@ -1,0 +1,401 @@
+// Fast CPU kernels of the convolutional family (docs/OPS.md,
+// "Convolutional") through oneDNN: convolution (forward, data and weight
+// gradients), batch normalisation, max, average and global average pooling,
+// on NCHW f32 tensors as the graph holds them. Primitives are built at plan
+// time (the workspace query, dnnl_prims.h) with their scratchpads in the
+// arena workspace. max pooling's gradient is a loop here: oneDNN's needs the
+// forward's workspace of argmax positions, which no graph tensor carries.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../common/conv_geom.h"
+#include "../common/supports.h"
+#include "cpu_kernels.h"
+#include "dnnl_prims.h"
+
+namespace pooch::kern {
+namespace {
+
+using namespace dnnl_cpu;
+using dnnl::algorithm;
+using dnnl::prop_kind;
+using dims = dnnl::memory::dims;
+
+dims dims_of(const TensorView& t) {
+  return dims(t.shape, t.shape + t.ndim);
+}
+
+bool any_empty(const KernelArgs& a) {
+  for (int i = 0; i < a.n_in; ++i)
+    if (a.in[i].numel() == 0) return true;
+  for (int i = 0; i < a.n_out; ++i)
+    if (a.out[i].numel() == 0) return true;
+  return false;
+}
+
+void zero_outputs(const KernelArgs& a) {
+  for (int i = 0; i < a.n_out; ++i)
+    if (a.out[i].numel()) std::memset(a.out[i].data, 0, static_cast<size_t>(a.out[i].numel()) * 4);
+}
+
+// ---- convolution ------------------------------------------------------------------
+
+// oneDNN's descriptors of one convolution: x[N,C,H,W], w[O,C/g,KH,KW] (as
+// g × O/g × C/g × KH × KW when grouped), y[N,O,OH,OW].
+struct ConvMds {
+  dnnl::memory::desc x, w, b, y;
+  dims strides, dilates, pad_l, pad_r;
+};
+
+ConvMds conv_mds(const KernelAttrs& at, const TensorView& x, const TensorView& w,
+                 const TensorView& y) {
+  const Window win = window_of(at);
+  ConvMds m;
+  m.x = plain_md(dims_of(x));
+  m.y = plain_md(dims_of(y));
+  if (win.groups > 1)
+    m.w = dnnl::memory::desc(
+        {win.groups, w.shape[0] / win.groups, w.shape[1], w.shape[2], w.shape[3]},
+        dnnl::memory::data_type::f32, dnnl::memory::format_tag::goihw);
+  else
+    m.w = plain_md(dims_of(w));
+  m.b = plain_md({w.shape[0]});
+  m.strides = {win.sh, win.sw};
+  m.dilates = {win.dh - 1, win.dw - 1};  // oneDNN counts dilation from 0
+  m.pad_l = {win.ph, win.pw};
+  // The right padding that makes oneDNN's output size the floor formula's.
+  const int64_t kh = (w.shape[2] - 1) * win.dh + 1, kw = (w.shape[3] - 1) * win.dw + 1;
+  m.pad_r = {(y.shape[2] - 1) * win.sh + kh - x.shape[2] - win.ph,
+             (y.shape[3] - 1) * win.sw + kw - x.shape[3] - win.pw};
+  return m;
+}
+
+dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvMds& m, bool bias) {
+  const auto d = bias
+                     ? dnnl::convolution_forward::desc(prop_kind::forward_training,
+                                                       algorithm::convolution_direct, m.x, m.w, m.b,
+                                                       m.y, m.strides, m.dilates, m.pad_l, m.pad_r)
+                     : dnnl::convolution_forward::desc(prop_kind::forward_training,
+                                                       algorithm::convolution_direct, m.x, m.w, m.y,
+                                                       m.strides, m.dilates, m.pad_l, m.pad_r);
+  return {d, user_scratchpad(), cpu_engine()};
+}
+
+void build_conv(const KernelArgs& a, PreparedSet& s) {
+  const bool bias = a.n_in > 2;
+  const ConvMds m = conv_mds(a.attrs, a.in[0], a.in[1], a.out[0]);
+  const auto pd = conv_fwd_pd(m, bias);
+  std::vector<std::pair<int, int>> args = {
+      {DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_WEIGHTS, kIn + 1}, {DNNL_ARG_DST, kOut + 0}};
+  if (bias) args.push_back({DNNL_ARG_BIAS, kIn + 2});
+  add_prim(s, dnnl::convolution_forward(pd), pd, args);
+}
+
+void build_conv_grad_input(const KernelArgs& a, PreparedSet& s) {
+  // dy plays y's part, dx x's.
+  const ConvMds m = conv_mds(a.attrs, a.out[0], a.in[1], a.in[0]);
+  const auto hint = conv_fwd_pd(m, false);
+  const dnnl::convolution_backward_data::desc d(algorithm::convolution_direct, m.x, m.w, m.y,
+                                                m.strides, m.dilates, m.pad_l, m.pad_r);
+  const dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), cpu_engine(),
+                                                           hint);
+  add_prim(
+      s, dnnl::convolution_backward_data(pd), pd,
+      {{DNNL_ARG_DIFF_DST, kIn + 0}, {DNNL_ARG_WEIGHTS, kIn + 1}, {DNNL_ARG_DIFF_SRC, kOut + 0}});
+}
+
+void build_conv_grad_weight(const KernelArgs& a, PreparedSet& s) {
+  const ConvMds m = conv_mds(a.attrs, a.in[1], a.out[0], a.in[0]);
+  const auto hint = conv_fwd_pd(m, true);
+  const dnnl::convolution_backward_weights::desc d(algorithm::convolution_direct, m.x, m.w, m.b,
+                                                   m.y, m.strides, m.dilates, m.pad_l, m.pad_r);
+  const dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), cpu_engine(),
+                                                              hint);
+  add_prim(s, dnnl::convolution_backward_weights(pd), pd,
+           {{DNNL_ARG_DIFF_DST, kIn + 0},
+            {DNNL_ARG_SRC, kIn + 1},
+            {DNNL_ARG_DIFF_WEIGHTS, kOut + 0},
+            {DNNL_ARG_DIFF_BIAS, kOut + 1}});
+}
+
+template <const char* Name, void (*Build)(const KernelArgs&, PreparedSet&)>
+size_t prim_workspace(const KernelArgs& a) {
+  if (any_empty(a)) return 0;
+  return prepared(Name, a, Build).scratch_bytes();
+}
+
+template <const char* Name, void (*Build)(const KernelArgs&, PreparedSet&)>
+void run_prim(const KernelArgs& a) {
+  if (any_empty(a)) {
+    // An empty batch still has a (zero) weight gradient; an empty window set
+    // has nothing to write.
+    zero_outputs(a);
+    return;
+  }
+  execute(*prepared(Name, a, Build).items[0], a);
+}
+
+constexpr char kConv[] = "conv2d";
+constexpr char kConvGI[] = "conv2d_grad_input";
+constexpr char kConvGW[] = "conv2d_grad_weight";
+
+// ---- batch normalisation ----------------------------------------------------------
+
+dnnl::memory::desc bn_md(const TensorView& x) {
+  return plain_md(dims_of(x));
+}
+
+dnnl::batch_normalization_forward::primitive_desc bn_fwd_pd(const dnnl::memory::desc& x, float eps,
+                                                            bool training) {
+  using nf = dnnl::normalization_flags;
+  const nf flags = training ? (nf::use_scale | nf::use_shift)
+                            : (nf::use_scale | nf::use_shift | nf::use_global_stats);
+  const dnnl::batch_normalization_forward::desc d(
+      training ? prop_kind::forward_training : prop_kind::forward_inference, x, eps, flags);
+  return {d, user_scratchpad(), cpu_engine()};
+}
+
+// Item 0: training (batch statistics into mean and var); item 1: inference
+// (running statistics read from the running mean and variance).
+void build_bn(const KernelArgs& a, PreparedSet& s) {
+  const auto x = bn_md(a.in[0]);
+  const auto eps = static_cast<float>(a.attrs.get("eps", 1e-5));
+  const auto tr = bn_fwd_pd(x, eps, true);
+  add_prim(s, dnnl::batch_normalization_forward(tr), tr,
+           {{DNNL_ARG_SRC, kIn + 0},
+            {DNNL_ARG_SCALE, kIn + 1},
+            {DNNL_ARG_SHIFT, kIn + 2},
+            {DNNL_ARG_DST, kOut + 0},
+            {DNNL_ARG_MEAN, kOut + 1},
+            {DNNL_ARG_VARIANCE, kOut + 2}});
+  const auto inf = bn_fwd_pd(x, eps, false);
+  add_prim(s, dnnl::batch_normalization_forward(inf), inf,
+           {{DNNL_ARG_SRC, kIn + 0},
+            {DNNL_ARG_SCALE, kIn + 1},
+            {DNNL_ARG_SHIFT, kIn + 2},
+            {DNNL_ARG_MEAN, kIn + 3},
+            {DNNL_ARG_VARIANCE, kIn + 4},
+            {DNNL_ARG_DST, kOut + 0}});
+}
+
+constexpr char kBn[] = "batchnorm";
+
+void batchnorm(const KernelArgs& a) {
+  const int64_t C = a.in[0].shape[1];
+  const bool training = !a.ctx || a.ctx->training;
+  float* rmean = a.in[3].as<float>();
+  float* rvar = a.in[4].as<float>();
+  float* mean = a.out[1].as<float>();
+  float* var = a.out[2].as<float>();
+  if (a.in[0].numel() == 0) {
+    // No values: the statistics of nothing are 0 (as the reference), and
+    // the running averages move toward them.
+    const double mom = a.attrs.get("momentum", 0.1);
+    for (int64_t c = 0; c < C; ++c) {
+      if (training) {
+        rmean[c] = static_cast<float>((1 - mom) * rmean[c]);
+        rvar[c] = static_cast<float>((1 - mom) * rvar[c]);
+        mean[c] = var[c] = 0.f;
+      } else {
+        mean[c] = rmean[c];
+        var[c] = rvar[c];
+      }
+    }
+    return;
+  }
+  PreparedSet& s = prepared(kBn, a, build_bn);
+  if (!training) {
+    execute(*s.items[1], a);
+    std::memcpy(mean, rmean, static_cast<size_t>(C) * 4);
+    std::memcpy(var, rvar, static_cast<size_t>(C) * 4);
+    return;
+  }
+  execute(*s.items[0], a);
+  // oneDNN leaves the running averages to the caller (PyTorch's rule: the
+  // running variance takes the unbiased estimate).
+  const double mom = a.attrs.get("momentum", 0.1);
+  const int64_t count = a.in[0].numel() / C;
+  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1;
+  for (int64_t c = 0; c < C; ++c) {
+    rmean[c] = static_cast<float>((1 - mom) * rmean[c] + mom * mean[c]);
+    rvar[c] = static_cast<float>((1 - mom) * rvar[c] + mom * var[c] * unbias);
+  }
+}
+
+size_t batchnorm_workspace(const KernelArgs& a) {
+  if (a.in[0].numel() == 0) return 0;
+  return prepared(kBn, a, build_bn).scratch_bytes();
+}
+
+void build_bn_grad(const KernelArgs& a, PreparedSet& s) {
+  using nf = dnnl::normalization_flags;
+  const auto x = bn_md(a.in[1]);
+  const auto eps = static_cast<float>(a.attrs.get("eps", 1e-5));
+  const auto hint = bn_fwd_pd(x, eps, true);
+  const dnnl::batch_normalization_backward::desc d(prop_kind::backward, x, x, eps,
+                                                   nf::use_scale | nf::use_shift);
+  const dnnl::batch_normalization_backward::primitive_desc pd(d, user_scratchpad(), cpu_engine(),
+                                                              hint);
+  add_prim(s, dnnl::batch_normalization_backward(pd), pd,
+           {{DNNL_ARG_DIFF_DST, kIn + 0},
+            {DNNL_ARG_SRC, kIn + 1},
+            {DNNL_ARG_SCALE, kIn + 2},
+            // oneDNN 2.6 asks for the shift with use_shift but never reads it
+            // (the gradient does not depend on β): γ's bytes stand in.
+            {DNNL_ARG_SHIFT, kIn + 2},
+            {DNNL_ARG_MEAN, kIn + 3},
+            {DNNL_ARG_VARIANCE, kIn + 4},
+            {DNNL_ARG_DIFF_SRC, kOut + 0},
+            {DNNL_ARG_DIFF_SCALE, kOut + 1},
+            {DNNL_ARG_DIFF_SHIFT, kOut + 2}});
+}
+
+constexpr char kBnGrad[] = "batchnorm_grad";
+
+// ---- pooling ------------------------------------------------------------------------
+
+// x[N,C,H,W] -> y[N,C,OH,OW] with the op's window (or the whole image).
+dnnl::pooling_forward::primitive_desc pool_fwd_pd(algorithm alg, const TensorView& x,
+                                                  const TensorView& y, const Window& w,
+                                                  prop_kind pk) {
+  const dims ydims = {y.shape[0], y.shape[1], y.ndim == 4 ? y.shape[2] : 1,
+                      y.ndim == 4 ? y.shape[3] : 1};
+  const dims pad_r = {(ydims[2] - 1) * w.sh + w.kh - x.shape[2] - w.ph,
+                      (ydims[3] - 1) * w.sw + w.kw - x.shape[3] - w.pw};
+  const dnnl::pooling_forward::desc d(pk, alg, plain_md(dims_of(x)), plain_md(ydims), {w.sh, w.sw},
+                                      {w.kh, w.kw}, {w.ph, w.pw}, pad_r);
+  return {d, user_scratchpad(), cpu_engine()};
+}
+
+algorithm avg_alg(const KernelAttrs& at) {
+  return at.geti("count_include_pad", 1) ? algorithm::pooling_avg_include_padding
+                                         : algorithm::pooling_avg_exclude_padding;
+}
+
+void build_maxpool(const KernelArgs& a, PreparedSet& s) {
+  const auto pd = pool_fwd_pd(algorithm::pooling_max, a.in[0], a.out[0], window_of(a.attrs),
+                              prop_kind::forward_inference);
+  add_prim(s, dnnl::pooling_forward(pd), pd, {{DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_DST, kOut + 0}});
+}
+
+void build_avgpool(const KernelArgs& a, PreparedSet& s) {
+  const auto pd = pool_fwd_pd(avg_alg(a.attrs), a.in[0], a.out[0], window_of(a.attrs),
+                              prop_kind::forward_inference);
+  add_prim(s, dnnl::pooling_forward(pd), pd, {{DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_DST, kOut + 0}});
+}
+
+// dy -> dx through oneDNN's average pooling backward (no workspace needed).
+void build_avgpool_bwd(const KernelArgs& a, const Window& w, algorithm alg, PreparedSet& s) {
+  const TensorView& dy = a.in[0];
+  const TensorView& dx = a.out[0];
+  const auto hint = pool_fwd_pd(alg, dx, dy, w, prop_kind::forward_training);
+  const dims ydims = {dy.shape[0], dy.shape[1], dy.ndim == 4 ? dy.shape[2] : 1,
+                      dy.ndim == 4 ? dy.shape[3] : 1};
+  const dims pad_r = {(ydims[2] - 1) * w.sh + w.kh - dx.shape[2] - w.ph,
+                      (ydims[3] - 1) * w.sw + w.kw - dx.shape[3] - w.pw};
+  const dnnl::pooling_backward::desc d(alg, plain_md(dims_of(dx)), plain_md(ydims), {w.sh, w.sw},
+                                       {w.kh, w.kw}, {w.ph, w.pw}, pad_r);
+  const dnnl::pooling_backward::primitive_desc pd(d, user_scratchpad(), cpu_engine(), hint);
+  add_prim(s, dnnl::pooling_backward(pd), pd,
+           {{DNNL_ARG_DIFF_DST, kIn + 0}, {DNNL_ARG_DIFF_SRC, kOut + 0}});
+}
+
+void build_avgpool_grad(const KernelArgs& a, PreparedSet& s) {
+  build_avgpool_bwd(a, window_of(a.attrs), avg_alg(a.attrs), s);
+}
+
+// The whole image as one window.
+Window whole(const TensorView& img) {
+  Window w;
+  w.kh = img.shape[2];
+  w.kw = img.shape[3];
+  return w;
+}
+
+void build_gap(const KernelArgs& a, PreparedSet& s) {
+  const auto pd = pool_fwd_pd(algorithm::pooling_avg_include_padding, a.in[0], a.out[0],
+                              whole(a.in[0]), prop_kind::forward_inference);
+  add_prim(s, dnnl::pooling_forward(pd), pd, {{DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_DST, kOut + 0}});
+}
+
+void build_gap_grad(const KernelArgs& a, PreparedSet& s) {
+  build_avgpool_bwd(a, whole(a.out[0]), algorithm::pooling_avg_include_padding, s);
+}
+
+constexpr char kMaxPool[] = "maxpool2d";
+constexpr char kAvgPool[] = "avgpool2d";
+constexpr char kAvgPoolGrad[] = "avgpool2d_grad";
+constexpr char kGap[] = "global_avgpool";
+constexpr char kGapGrad[] = "global_avgpool_grad";
+
+// dx: dy of each window added at its first maximum (the one oneDNN's and
+// PyTorch's forward pick). One thread per image plane, so the additions
+// within a plane keep their order.
+void maxpool_grad(const KernelArgs& a) {
+  const Window w = window_of(a.attrs);
+  const float* dy = a.in[0].as<float>();
+  const float* x = a.in[1].as<float>();
+  float* dx = a.out[0].as<float>();
+  const int64_t NC = a.in[1].shape[0] * a.in[1].shape[1], H = a.in[1].shape[2],
+                W = a.in[1].shape[3], OH = a.in[0].shape[2], OW = a.in[0].shape[3];
+  const int nt = a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
+#pragma omp parallel for num_threads(nt) if (NC * H * W > 32768) schedule(static)
+  for (int64_t i = 0; i < NC; ++i) {
+    const float* img = x + i * H * W;
+    float* d = dx + i * H * W;
+    std::fill(d, d + H * W, 0.f);
+    for (int64_t oy = 0; oy < OH; ++oy)
+      for (int64_t ox = 0; ox < OW; ++ox) {
+        int64_t best = -1;
+        float bv = 0;
+        for (int64_t ky = 0; ky < w.kh; ++ky) {
+          const int64_t iy = oy * w.sh - w.ph + ky;
+          if (iy < 0 || iy >= H) continue;
+          for (int64_t kx = 0; kx < w.kw; ++kx) {
+            const int64_t ix = ox * w.sw - w.pw + kx;
+            if (ix < 0 || ix >= W) continue;
+            const float v = img[iy * W + ix];
+            if (best < 0 || v > bv || (std::isnan(v) && !std::isnan(bv))) {
+              best = iy * W + ix;
+              bv = v;
+            }
+          }
+        }
+        if (best >= 0) d[best] += dy[(i * OH + oy) * OW + ox];
+      }
+  }
+}
+
+KernelVariant dnnl_kernel(const char* op, KernelFn fn, WorkspaceFn ws) {
+  return KernelVariant{op, "onednn", fn, ws, true, f32_operands};
+}
+
+}  // namespace
+
+std::vector<KernelVariant> cpu_conv_kernels() {
+  return {
+      dnnl_kernel("conv2d", run_prim<kConv, build_conv>, prim_workspace<kConv, build_conv>),
+      dnnl_kernel("conv2d_grad_input", run_prim<kConvGI, build_conv_grad_input>,
+                  prim_workspace<kConvGI, build_conv_grad_input>),
+      dnnl_kernel("conv2d_grad_weight", run_prim<kConvGW, build_conv_grad_weight>,
+                  prim_workspace<kConvGW, build_conv_grad_weight>),
+      dnnl_kernel("batchnorm", batchnorm, batchnorm_workspace),
+      dnnl_kernel("batchnorm_grad", run_prim<kBnGrad, build_bn_grad>,
+                  prim_workspace<kBnGrad, build_bn_grad>),
+      dnnl_kernel("maxpool2d", run_prim<kMaxPool, build_maxpool>,
+                  prim_workspace<kMaxPool, build_maxpool>),
+      KernelVariant{"maxpool2d_grad", "omp", maxpool_grad, nullptr, true, f32_operands},
+      dnnl_kernel("avgpool2d", run_prim<kAvgPool, build_avgpool>,
+                  prim_workspace<kAvgPool, build_avgpool>),
+      dnnl_kernel("avgpool2d_grad", run_prim<kAvgPoolGrad, build_avgpool_grad>,
+                  prim_workspace<kAvgPoolGrad, build_avgpool_grad>),
+      dnnl_kernel("global_avgpool", run_prim<kGap, build_gap>, prim_workspace<kGap, build_gap>),
+      dnnl_kernel("global_avgpool_grad", run_prim<kGapGrad, build_gap_grad>,
+                  prim_workspace<kGapGrad, build_gap_grad>),
+  };
+}
+
+}  // namespace pooch::kern

@@ -1,0 +1,369 @@
+// CUDA kernels of the fused fixed fan-in output layer (ffi_loss,
+// ffi_loss_grad, ffi_topk; runtime/core/ops/ffi_head_ops.cpp), f32.
+//
+// As on the CPU, no [B, L] logits exist: one thread owns one label and walks
+// the batch, forming each logit from the label's K connections, turning it at
+// once into its loss term, its gradient, dw/db (in registers, one writer per
+// label) and dh (red.global adds: not deterministic). The input is transposed
+// once to hT[H][B] so the K rows a label reads are contiguous over the batch.
+// Targets: a row's labels are few, so a logit's target is looked up by a scan
+// of its row's list.
+//
+// Softmax first needs each row's log-sum-exp over all labels: one block per
+// row, its threads striding over the labels with a running (max, sum).
+//
+// ffi_topk: one block per row; each thread keeps its own top k (k at most
+// kTopK) of the labels it strides over, then thread 0 merges them.
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+
+#include "../common/supports.h"
+#include "common.cuh"
+
+namespace pooch::kern {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kTopK = 16;
+constexpr int kPartials = 1024;
+
+struct Layer {
+  const float* ht;  // [H][B]
+  const void* index;
+  bool i32;
+  const float* w;
+  const float* bias;
+  int64_t batch, hidden, labels, fan_in;
+};
+
+__device__ __forceinline__ int64_t index_at(const Layer& y, int64_t slot) {
+  return y.i32 ? int64_t{static_cast<const int32_t*>(y.index)[slot]}
+               : int64_t{static_cast<const uint16_t*>(y.index)[slot]};
+}
+
+__device__ __forceinline__ float logit(const Layer& y, int64_t l, int64_t r) {
+  float acc = 0.0f;
+  for (int64_t k = 0; k < y.fan_in; ++k)
+    acc = fmaf(y.w[l * y.fan_in + k], y.ht[index_at(y, l * y.fan_in + k) * y.batch + r], acc);
+  return acc + y.bias[l];
+}
+
+__device__ __forceinline__ bool is_target(const int32_t* lptr, const int32_t* lidx, int64_t r,
+                                          int64_t l) {
+  for (int32_t j = lptr[r]; j < lptr[r + 1]; ++j)
+    if (lidx[j] == l) return true;
+  return false;
+}
+
+__device__ __forceinline__ float max0(float v) {
+  return v < 0.0f ? 0.0f : v;
+}
+
+__device__ __forceinline__ float term(float x, float t, int kind) {
+  if (kind == 0) return max0(x) - x * t + log1pf(expf(-fabsf(x)));
+  const float m = max0(1.0f - (2.0f * t - 1.0f) * x);
+  return m * m;
+}
+
+__device__ __forceinline__ float grad_of(float x, float t, int kind) {
+  if (kind == 0) {
+    const float e = expf(-fabsf(x));
+    const float s = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    return s - t;
+  }
+  return -2.0f * (2.0f * t - 1.0f) * max0(1.0f - (2.0f * t - 1.0f) * x);
+}
+
+__global__ void transpose_in(const float* h, int64_t batch, int64_t hidden, float* ht) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch * hidden;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / hidden, u = i % hidden;
+    ht[u * batch + r] = h[i];
+  }
+}
+
+// lse[r] over every label: block r, threads striding over labels.
+__global__ void row_lse(Layer y, double* lse) {
+  __shared__ double scratch[33];
+  __shared__ double mx;
+  const int64_t r = blockIdx.x;
+  double m = -INFINITY;
+  for (int64_t l = threadIdx.x; l < y.labels; l += blockDim.x) m = fmax(m, double(logit(y, l, r)));
+  // Block maximum through the sum helper's layout: a max tree of our own.
+  for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_down_sync(kFullMask, m, o));
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double b = -INFINITY;
+    for (int i = 0; i < int(blockDim.x >> 5); ++i) b = fmax(b, scratch[i]);
+    mx = b;
+  }
+  __syncthreads();
+  const double shift = isfinite(mx) ? mx : 0.0;
+  double s = 0;
+  for (int64_t l = threadIdx.x; l < y.labels; l += blockDim.x)
+    s += exp(double(logit(y, l, r)) - shift);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) lse[r] = shift + log(s);
+}
+
+// Per block: the sum of its labels' loss terms (bce, squared hinge), or for
+// softmax the targets' logits (subtracted), into partial[blockIdx.x].
+__global__ void loss_partials(Layer y, const int32_t* lptr, const int32_t* lidx, int kind,
+                              double* partial) {
+  __shared__ double scratch[33];
+  double acc = 0;
+  for (int64_t l = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; l < y.labels;
+       l += int64_t{gridDim.x} * blockDim.x)
+    for (int64_t r = 0; r < y.batch; ++r) {
+      const bool t = is_target(lptr, lidx, r, l);
+      if (kind == 2) {
+        if (t) acc -= logit(y, l, r);
+      } else {
+        acc += term(logit(y, l, r), t ? 1.0f : 0.0f, kind);
+      }
+    }
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// The mean over the batch; softmax adds |targets| * lse for its lse_rows rows
+// (0 when there are no labels, hence no logits).
+__global__ void loss_total(const double* partial, int n, const double* lse, const int32_t* lptr,
+                           int64_t lse_rows, int64_t batch, float* out) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += partial[i];
+  for (int64_t r = 0; r < lse_rows; ++r) s += double(lptr[r + 1] - lptr[r]) * lse[r];
+  *out = batch > 0 ? float(s / double(batch)) : 0.0f;
+}
+
+// One thread per label: dw[l,:], db[l] in registers (one writer), dh by adds.
+__global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int kind, float scale,
+                          const double* lse, float* dht, float* dw, float* db) {
+  for (int64_t l = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; l < y.labels;
+       l += int64_t{gridDim.x} * blockDim.x) {
+    float gb = 0.0f;
+    for (int64_t k = 0; k < y.fan_in; ++k) dw[l * y.fan_in + k] = 0.0f;
+    for (int64_t r = 0; r < y.batch; ++r) {
+      const float x = logit(y, l, r);
+      const float t = is_target(lptr, lidx, r, l) ? 1.0f : 0.0f;
+      float g;
+      if (kind == 2)
+        g = float(exp(double(x) - lse[r]) * double(lptr[r + 1] - lptr[r])) - t;
+      else
+        g = grad_of(x, t, kind);
+      g *= scale;
+      if (g == 0.0f) continue;
+      gb += g;
+      for (int64_t k = 0; k < y.fan_in; ++k) {
+        const int64_t u = index_at(y, l * y.fan_in + k);
+        dw[l * y.fan_in + k] += g * y.ht[u * y.batch + r];
+        atomicAdd(dht + u * y.batch + r, g * y.w[l * y.fan_in + k]);
+      }
+    }
+    db[l] = gb;
+  }
+}
+
+__global__ void transpose_out(const float* dht, int64_t batch, int64_t hidden, float* dh) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch * hidden;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / hidden, u = i % hidden;
+    dh[i] = dht[u * batch + r];
+  }
+}
+
+// topk's order: larger first, NaN after every number, ties by lower label.
+__device__ __forceinline__ bool ranks_above(float u, int64_t iu, float v, int64_t iv) {
+  const bool nu = isnan(u), nv = isnan(v);
+  if (nu != nv) return nv;
+  if (!nu && u != v) return u > v;
+  return iu < iv;
+}
+
+__device__ __forceinline__ void insert(float v, int64_t l, float* bv, int32_t* bi, int& n, int k) {
+  if (n == k && !ranks_above(v, l, bv[n - 1], bi[n - 1])) return;
+  int p = n < k ? n++ : k - 1;
+  while (p > 0 && ranks_above(v, l, bv[p - 1], bi[p - 1])) {
+    bv[p] = bv[p - 1];
+    bi[p] = bi[p - 1];
+    --p;
+  }
+  bv[p] = v;
+  bi[p] = int32_t(l);
+}
+
+// Block r: each thread's own top k in shared memory, merged by thread 0.
+__global__ void topk_rows(Layer y, int k, float* values, int32_t* indices) {
+  extern __shared__ unsigned char smem[];
+  float* sv = reinterpret_cast<float*>(smem);
+  int32_t* si = reinterpret_cast<int32_t*>(sv + blockDim.x * k);
+  int* sn = reinterpret_cast<int*>(si + blockDim.x * k);
+  const int64_t r = blockIdx.x;
+  float* bv = sv + threadIdx.x * k;
+  int32_t* bi = si + threadIdx.x * k;
+  int n = 0;
+  for (int64_t l = threadIdx.x; l < y.labels; l += blockDim.x)
+    insert(logit(y, l, r), l, bv, bi, n, k);
+  sn[threadIdx.x] = n;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float best_v[kTopK];
+  int32_t best_i[kTopK];
+  int m = 0;
+  for (unsigned t = 0; t < blockDim.x; ++t)
+    for (int j = 0; j < sn[t]; ++j) insert(sv[t * k + j], si[t * k + j], best_v, best_i, m, k);
+  for (int j = 0; j < k; ++j) {
+    values[r * k + j] = best_v[j];
+    indices[r * k + j] = best_i[j];
+  }
+}
+
+Layer layer_of(const KernelArgs& a, const float* ht) {
+  return {ht,
+          a.in[1].data,
+          a.in[1].dtype == DType::i32,
+          a.in[2].as<float>(),
+          a.in[3].as<float>(),
+          a.in[0].shape[0],
+          a.in[0].shape[1],
+          a.in[1].shape[0],
+          a.in[1].shape[1]};
+}
+
+struct Scratch {
+  float* ht;
+  float* dht;
+  double* lse;
+  double* partial;
+};
+
+Scratch carve(const KernelArgs& a, bool grad, std::byte* base, size_t* bytes) {
+  const int64_t B = a.in[0].shape[0], H = a.in[0].shape[1];
+  Carve c{base};
+  Scratch s{};
+  s.ht = c.take<float>(static_cast<size_t>(B * H));
+  s.dht = grad ? c.take<float>(static_cast<size_t>(B * H)) : nullptr;
+  s.lse = c.take<double>(static_cast<size_t>(B > 0 ? B : 1));
+  s.partial = c.take<double>(kPartials);
+  if (bytes) *bytes = c.used;
+  return s;
+}
+
+size_t loss_ws(const KernelArgs& a) {
+  size_t n = 0;
+  carve(a, false, nullptr, &n);
+  return n;
+}
+size_t loss_grad_ws(const KernelArgs& a) {
+  size_t n = 0;
+  carve(a, true, nullptr, &n);
+  return n;
+}
+size_t topk_ws(const KernelArgs& a) {
+  return align_up(static_cast<size_t>(a.in[0].shape[0] * a.in[0].shape[1]) * sizeof(float));
+}
+
+void ffi_loss(const KernelArgs& a) {
+  if (!f32_only(a, "ffi_loss")) return;
+  cudaStream_t st = stream_of(a);
+  const Scratch s = carve(a, false, static_cast<std::byte*>(a.workspace), nullptr);
+  const Layer y = layer_of(a, s.ht);
+  const int kind = static_cast<int>(a.attrs.geti("loss", 0));
+  const auto* lptr = a.in[4].as<int32_t>();
+  const auto* lidx = a.in[5].as<int32_t>();
+  if (y.batch * y.hidden > 0) {
+    transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
+        a.in[0].as<float>(), y.batch, y.hidden, s.ht);
+    if (!launched("ffi_loss transpose")) return;
+  }
+  if (kind == 2 && y.batch > 0 && y.labels > 0) {
+    row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
+    if (!launched("ffi_loss row_lse")) return;
+  }
+  const int blocks = static_cast<int>(
+      std::min<int64_t>(kPartials, std::max<int64_t>(1, ceil_div(y.labels, kThreads))));
+  loss_partials<<<blocks, kThreads, 0, st>>>(y, lptr, lidx, kind, s.partial);
+  if (!launched("ffi_loss partials")) return;
+  const int64_t lse_rows = kind == 2 && y.labels > 0 ? y.batch : 0;
+  loss_total<<<1, 32, 0, st>>>(s.partial, blocks, s.lse, lptr, lse_rows, y.batch,
+                               a.out[0].as<float>());
+  launched("ffi_loss total");
+}
+
+void ffi_loss_grad(const KernelArgs& a) {
+  if (!f32_only(a, "ffi_loss_grad")) return;
+  cudaStream_t st = stream_of(a);
+  const Scratch s = carve(a, true, static_cast<std::byte*>(a.workspace), nullptr);
+  const Layer y = layer_of(a, s.ht);
+  const int kind = static_cast<int>(a.attrs.geti("loss", 0));
+  const auto* lptr = a.in[4].as<int32_t>();
+  const auto* lidx = a.in[5].as<int32_t>();
+  const float scale =
+      y.batch > 0 ? static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(y.batch))
+                  : 0.0f;
+  const size_t bh = static_cast<size_t>(y.batch * y.hidden) * sizeof(float);
+  if (bh > 0) {
+    transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
+        a.in[0].as<float>(), y.batch, y.hidden, s.ht);
+    if (!launched("ffi_loss_grad transpose")) return;
+    if (!cuda_ok(cudaMemsetAsync(s.dht, 0, bh, st), "cudaMemsetAsync")) return;
+  }
+  if (kind == 2 && y.batch > 0 && y.labels > 0) {
+    row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
+    if (!launched("ffi_loss_grad row_lse")) return;
+  }
+  if (y.labels > 0) {
+    loss_grad<<<grid_for(y.labels, kThreads), kThreads, 0, st>>>(
+        y, lptr, lidx, kind, scale, s.lse, s.dht, a.out[1].as<float>(), a.out[2].as<float>());
+    if (!launched("ffi_loss_grad")) return;
+  }
+  if (bh > 0) {
+    transpose_out<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
+        s.dht, y.batch, y.hidden, a.out[0].as<float>());
+    launched("ffi_loss_grad transpose back");
+  }
+}
+
+void ffi_topk(const KernelArgs& a) {
+  if (!f32_only(a, "ffi_topk")) return;
+  cudaStream_t st = stream_of(a);
+  const Layer y = layer_of(a, static_cast<const float*>(a.workspace));
+  const int k = static_cast<int>(a.out[0].shape[1]);
+  if (y.batch == 0) return;
+  if (y.hidden > 0) {
+    transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
+        a.in[0].as<float>(), y.batch, y.hidden, static_cast<float*>(a.workspace));
+    if (!launched("ffi_topk transpose")) return;
+  }
+  const int threads = 128;
+  const size_t shared =
+      static_cast<size_t>(threads) * (k * (sizeof(float) + sizeof(int32_t)) + sizeof(int));
+  topk_rows<<<static_cast<unsigned>(y.batch), threads, shared, st>>>(y, k, a.out[0].as<float>(),
+                                                                     a.out[1].as<int32_t>());
+  launched("ffi_topk");
+}
+
+bool supports(const KernelArgs& a) {
+  return f32_operands(a) && is_index_dtype(a.in[1].dtype) && a.in[0].shape[0] <= INT_MAX;
+}
+bool supports_topk(const KernelArgs& a) {
+  return supports(a) && a.out[0].shape[1] <= kTopK && a.in[1].shape[0] <= INT_MAX;
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::vector<KernelVariant> cuda_ffi_head_kernels() {
+  using namespace cuda;
+  return {
+      {"ffi_loss", "label-thread", ffi_loss, loss_ws, true, supports},
+      {"ffi_loss_grad", "label-thread", ffi_loss_grad, loss_grad_ws, false, supports},
+      {"ffi_topk", "block-row", ffi_topk, topk_ws, true, supports_topk},
+  };
+}
+
+}  // namespace pooch::kern

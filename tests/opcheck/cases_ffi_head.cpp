@@ -1,0 +1,140 @@
+// Kernel checker cases for the fused fixed fan-in output layer (ffi_loss,
+// ffi_loss_grad, ffi_topk; docs/OPS.md, "Sparse"). ffi_loss carries the
+// gradient checks (the runner derives ffi_loss_grad from its backward
+// builder); ffi_loss_grad also gets cases of its own with a scale other than 1.
+// Shapes: an empty batch, one row, odd sizes that fill no vector tile, a batch
+// past one 16-row tile, labels enough to split over threads, u16 and i32
+// indices, repeated inputs within a label, and rows without labels.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "opcheck.h"
+
+namespace pooch::opcheck {
+namespace {
+
+std::string n(int64_t v) {
+  return std::to_string(v);
+}
+
+// Positive labels as a CSR over L labels, distinct within a row and in random
+// order; every third row has none. Junk past lptr[B] that no kernel may read.
+std::vector<HostTensor> targets(Rng& rng, int64_t b, int64_t l) {
+  std::vector<double> ptr{0.0}, idx;
+  std::bernoulli_distribution on(0.2);
+  for (int64_t r = 0; r < b; ++r) {
+    std::vector<double> row;
+    for (int64_t j = 0; j < l; ++j)
+      if (r % 3 != 1 && on(rng)) row.push_back(static_cast<double>(j));
+    std::shuffle(row.begin(), row.end(), rng);
+    idx.insert(idx.end(), row.begin(), row.end());
+    ptr.push_back(static_cast<double>(idx.size()));
+  }
+  for (double j : {static_cast<double>(l), -1.0, 0.0}) idx.push_back(j);
+  const auto m = static_cast<int64_t>(idx.size());
+  return {HostTensor{DType::i32, {b + 1}, std::move(ptr), "lptr"},
+          HostTensor{DType::i32, {m}, std::move(idx), "lidx"}};
+}
+
+struct Dims {
+  int64_t B, H, L, K;
+  DType index;
+};
+
+// h, index (repeats within some labels), w, b as at initialisation.
+std::vector<HostTensor> layer(Rng& rng, const Dims& d) {
+  HostTensor index = randint(rng, {d.L, d.K}, 0, d.H, d.index, "index");
+  for (int64_t l = 0; l + 1 < d.L && d.K >= 2; l += 3)
+    index.values[static_cast<size_t>(l * d.K + 1)] = index.values[static_cast<size_t>(l * d.K)];
+  const double ws = 1.0 / std::sqrt(static_cast<double>(d.K > 0 ? d.K : 1));
+  return {randn(rng, {d.B, d.H}, "h"), std::move(index), randn(rng, {d.L, d.K}, "w", ws),
+          randn(rng, {d.L}, "b")};
+}
+
+std::string label_of(const Dims& d) {
+  return "B=" + n(d.B) + " H=" + n(d.H) + " L=" + n(d.L) + " K=" + n(d.K) + " " +
+         dtype_name(d.index);
+}
+
+const char* loss_name(int k) {
+  return k == 0 ? "bce" : k == 1 ? "squared hinge" : "softmax";
+}
+
+void loss_cases(Rng& rng, std::vector<OpCase>& out) {
+  const DType u16 = DType::u16, i32 = DType::i32;
+  const Dims dims[] = {{0, 5, 4, 2, u16},    {1, 3, 1, 1, i32},    {3, 10, 7, 4, u16},
+                       {13, 20, 37, 8, i32}, {17, 9, 23, 32, u16}, {70, 40, 300, 16, u16},
+                       {5, 70000, 9, 3, i32}};
+  for (int kind = 0; kind < 3; ++kind)
+    for (const Dims& d : dims) {
+      std::vector<HostTensor> in = layer(rng, d);
+      for (HostTensor& t : targets(rng, d.B, d.L)) in.push_back(std::move(t));
+      const bool empty = d.B * d.L == 0;
+      // The squared hinge's second derivative jumps where a logit is +-1: a
+      // finite difference across it is off by O(h), so only the small
+      // shapes (few logits to land there) check it by finite differences.
+      const bool fd = !empty && (kind != 1 || d.B * d.L <= 64);
+      OpCase c;
+      c.op = "ffi_loss";
+      c.attrs = Attrs{{"loss", static_cast<double>(kind)}};
+      c.inputs = in;
+      if (fd) c.grad_inputs = {0, 2, 3};
+      // A mean over B*L float terms against the reference's double sum.
+      c.rtol = 1e-4;
+      c.atol = 1e-5;
+      c.fd_tol = 1e-5;
+      c.label = label_of(d) + " " + loss_name(kind);
+      out.push_back(c);
+
+      OpCase g;
+      g.op = "ffi_loss_grad";
+      g.attrs = Attrs{{"loss", static_cast<double>(kind)}, {"scale", empty ? 1.0 : 0.37}};
+      g.inputs = std::move(in);
+      g.rtol = 1e-4;
+      g.atol = 1e-5;
+      g.label = c.label + " scale=" + (empty ? "1" : "0.37");
+      out.push_back(std::move(g));
+    }
+}
+
+OpCase topk_case(std::vector<HostTensor> in, int64_t k, std::string label) {
+  OpCase c;
+  c.op = "ffi_topk";
+  c.attrs = Attrs{{"k", static_cast<double>(k)}};
+  c.inputs = std::move(in);
+  c.rtol = 2e-5;
+  c.atol = 2e-5;
+  c.label = std::move(label);
+  return c;
+}
+
+void topk_cases(Rng& rng, std::vector<OpCase>& out) {
+  const DType u16 = DType::u16, i32 = DType::i32;
+  struct TopK {
+    Dims d;
+    int64_t k;
+  };
+  for (const TopK t :
+       {TopK{{0, 5, 4, 2, u16}, 1}, TopK{{1, 3, 1, 1, i32}, 1}, TopK{{4, 10, 9, 4, u16}, 9},
+        TopK{{7, 20, 33, 8, i32}, 5}, TopK{{70, 40, 2000, 16, u16}, 10}})
+    out.push_back(topk_case(layer(rng, t.d), t.k, label_of(t.d) + " k=" + n(t.k)));
+  // Ties: zero weights, so each logit is its label's bias, drawn from three
+  // values: the order among equals is by label.
+  const Dims d{6, 8, 40, 4, u16};
+  std::vector<HostTensor> in = layer(rng, d);
+  std::fill(in[2].values.begin(), in[2].values.end(), 0.0);
+  in[3] = randint(rng, {d.L}, 0, 3, DType::f32, "b");
+  out.push_back(topk_case(in, 7, "ties " + label_of(d) + " k=7"));
+}
+
+}  // namespace
+
+std::vector<OpCase> ffi_head_cases(Rng& rng) {
+  std::vector<OpCase> out;
+  loss_cases(rng, out);
+  topk_cases(rng, out);
+  return out;
+}
+
+}  // namespace pooch::opcheck

@@ -1,0 +1,154 @@
+// The fused fixed fan-in output layer (ffi_loss, ffi_topk) in a model: the
+// same losses, weights and predictions as the unfused reference path
+// (ffi_linear, then the label-CSR loss and topk) for every loss, and no
+// [batch, labels] tensor anywhere in the fused model's graph.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "formats/xmc_data.h"
+#include "runtime/models/xmc.h"
+#include "runtime/train/xmc_session.h"
+
+using namespace pooch;
+
+namespace {
+
+constexpr int64_t kF = 300, kL = 70, kH = 40, kK = 8, kB = 16;
+
+ModelSpec spec(LossKind loss, bool fused) {
+  ModelSpec s = spec_from_flags(InputKind::sparse, kF, kL, kH, 0, kK, loss, 0);
+  s.run.batch = kB;
+  s.fused_head = fused;
+  return s;
+}
+
+std::vector<float> floats(const XmcSession& s, const std::string& name) {
+  const auto b = s.read(name);
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+BatchView batch_of(const XmcDataset& d, int64_t first, int64_t rows) {
+  BatchView b;
+  b.rows = rows;
+  b.row_ptr = d.row_ptr.data() + first;
+  b.col = d.col.data();
+  b.val = d.val.data();
+  b.label_ptr = d.label_ptr.data() + first;
+  b.label = d.label.data();
+  return b;
+}
+
+class FusedHead : public ::testing::TestWithParam<LossKind> {};
+
+TEST_P(FusedHead, TrainsAndPredictsAsTheUnfusedLayer) {
+  PlantedParams pp;
+  pp.rows = 8 * kB;
+  pp.features = kF;
+  pp.labels = kL;
+  const XmcDataset d = make_planted(pp);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  XmcSession fused(build_xmc_model(spec(GetParam(), true)), cfg);
+  XmcSession plain(build_xmc_model(spec(GetParam(), false)), cfg);
+  // The same initial weights (drawn by tensor id: the fused graph lacks the
+  // logits tensor, which comes after every weight).
+  for (const char* w : {"fc0.weight", "fc0.bias", "head.weight", "head.bias"})
+    ASSERT_EQ(floats(fused, w), floats(plain, w)) << w;
+  for (int64_t step = 0; step < 8; ++step) {
+    // A short last batch: padding rows take part in neither loss.
+    const int64_t rows = step == 7 ? kB - 5 : kB;
+    const BatchView b = batch_of(d, step * kB, rows);
+    const float lf = fused.train_step(b), lp = plain.train_step(b);
+    ASSERT_TRUE(std::isfinite(lf));
+    EXPECT_NEAR(lf, lp, 1e-4 * std::fabs(lp) + 1e-5) << "step " << step;
+  }
+  for (const char* w : {"fc0.weight", "head.weight", "head.bias"}) {
+    const std::vector<float> a = floats(fused, w), b = floats(plain, w);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_NEAR(a[i], b[i], 1e-3 * std::fabs(b[i]) + 1e-4) << w << "[" << i << "]";
+  }
+  const int k = 5;
+  std::vector<int32_t> lf(kB * k), lp(kB * k);
+  std::vector<float> sf(kB * k), sp(kB * k);
+  fused.predict(batch_of(d, 0, kB), k, lf.data(), sf.data());
+  plain.predict(batch_of(d, 0, kB), k, lp.data(), sp.data());
+  EXPECT_EQ(lf, lp);
+  for (size_t i = 0; i < sf.size(); ++i) EXPECT_NEAR(sf[i], sp[i], 1e-3 * std::fabs(sp[i]) + 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Losses, FusedHead,
+                         ::testing::Values(LossKind::bce, LossKind::squared_hinge,
+                                           LossKind::softmax));
+
+TEST(FusedHead, NoTensorHoldsTheBatchTimesTheLabels) {
+  for (const bool fused : {true, false}) {
+    SessionConfig cfg;
+    cfg.device = DeviceKind::cpu;
+    XmcSession s(build_xmc_model(spec(LossKind::bce, fused)), cfg);
+    int64_t full = 0;  // tensors of the training graph shaped [B, L]
+    for (const TensorDesc& t : s.session().graph().tensors())
+      if (t.shape == Shape{kB, kL}) ++full;
+    // The unfused graph has its logits and their gradient; the fused none.
+    if (fused)
+      EXPECT_EQ(full, 0);
+    else
+      EXPECT_GE(full, 2);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// A wide penultimate layer: up to 65 536 units the head's index is u16, from
+// 65 537 on i32 (a u16 cannot address unit 65 536); the fused layer trains
+// with either, and an i32 index reaches the units past 2^16.
+TEST(FusedHead, IndexIsU16UpTo65536UnitsAndI32Past) {
+  for (const int64_t hidden : {int64_t{65536}, int64_t{65537}, int64_t{70000}}) {
+    ModelSpec s = spec_from_flags(InputKind::sparse, 6, 5, hidden, 0, 4096, LossKind::bce, 0);
+    s.run.batch = 2;
+    s.seed = 3;
+    SessionConfig cfg;
+    cfg.device = DeviceKind::cpu;
+    cfg.threads = 2;
+    XmcSession x(build_xmc_model(s), cfg);
+    const Graph& g = x.session().graph();
+    DType dt = DType::f32;
+    for (const TensorDesc& t : g.tensors())
+      if (t.name == "head.index") dt = t.dtype;
+    EXPECT_EQ(dt, hidden <= 65536 ? DType::u16 : DType::i32) << hidden;
+    if (hidden == 70000) {
+      // 5 labels x 4096 random units of 70 000: some (about 6%) lie past 65 535.
+      const auto b = x.read("head.index");
+      std::vector<int32_t> idx(b.size() / 4);
+      std::memcpy(idx.data(), b.data(), b.size());
+      EXPECT_GT(*std::max_element(idx.begin(), idx.end()), 65535);
+    }
+    const std::vector<int64_t> row_ptr{0, 2, 3};
+    const std::vector<int32_t> col{1, 4, 0};
+    const std::vector<float> val{0.5f, 1.0f, 2.0f};
+    const std::vector<int64_t> label_ptr{0, 1, 3};
+    const std::vector<int32_t> label{2, 0, 4};
+    BatchView bv;
+    bv.rows = 2;
+    bv.row_ptr = row_ptr.data();
+    bv.col = col.data();
+    bv.val = val.data();
+    bv.label_ptr = label_ptr.data();
+    bv.label = label.data();
+    const float first = x.train_step(bv);
+    float last = first;
+    for (int i = 0; i < 5; ++i) last = x.train_step(bv);
+    EXPECT_TRUE(std::isfinite(last));
+    EXPECT_LT(last, first) << hidden;
+  }
+}
+
+}  // namespace

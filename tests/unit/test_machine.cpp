@@ -1,0 +1,188 @@
+// --machine: the shipped card descriptions parse, the reader is strict
+// (every field, nothing else, no negative figure, a source for each), node
+// times follow the card's roofline, and a session plans for the card (its
+// memory is the budget) without taking memory here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "runtime/core/error.h"
+#include "runtime/core/op_registry.h"
+#include "runtime/models/build.h"
+#include "runtime/plan/machine.h"
+#include "runtime/session/session.h"
+
+using namespace pooch;
+
+namespace {
+
+std::string machines_dir() {
+  return POOCH_MACHINES_DIR;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The message of the BAD_INPUT error parsing `doc` raises (empty: none).
+std::string parse_error(const nlohmann::json& doc) {
+  try {
+    parse_machine(doc.dump(), "card.json");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT) << e.what();
+    return e.what();
+  }
+  return {};
+}
+
+ModelSpec chain(int layers, int width, int batch) {
+  ModelSpec s;
+  s.family = Family::mlp;
+  s.input = InputKind::dense;
+  s.input_width = width;
+  s.labels = 16;
+  s.loss = LossKind::mse;
+  for (int i = 0; i < layers; ++i) s.layers.push_back({LayerKind::linear, width, "gelu", 0, 0});
+  s.layers.push_back({LayerKind::dense_head, 0, "none", 0, 0});
+  s.run.batch = batch;
+  return s;
+}
+
+SessionConfig for_card(const std::string& file) {
+  SessionConfig c;
+  c.device = DeviceKind::cpu;
+  c.threads = 1;
+  c.machine = read_machine(machines_dir() + "/" + file);
+  c.plan_only = true;
+  return c;
+}
+
+}  // namespace
+
+TEST(Machine, ShippedDescriptionsParse) {
+  const std::pair<const char*, double> cards[] = {{"gtx1650.json", 4294967296.0},
+                                                  {"rtx3050.json", 8589934592.0},
+                                                  {"rtx4060.json", 8589934592.0},
+                                                  {"h200.json", 141e9}};
+  for (const auto& [file, memory] : cards) {
+    const Machine m = read_machine(machines_dir() + "/" + file);
+    EXPECT_FALSE(m.name.empty()) << file;
+    EXPECT_EQ(m.memory, memory) << file;
+    EXPECT_LT(m.usable_memory(), static_cast<size_t>(memory)) << file;
+    EXPECT_GT(m.flops, 1e12) << file;
+    EXPECT_GT(m.h2d_bandwidth, 1e9) << file;
+  }
+}
+
+TEST(Machine, ReaderIsStrict) {
+  const nlohmann::json good = nlohmann::json::parse(slurp(machines_dir() + "/gtx1650.json"));
+  EXPECT_EQ(parse_error(good), "");
+  auto with = [&](auto change) {
+    nlohmann::json d = good;
+    change(d);
+    return parse_error(d);
+  };
+  auto has = [](const std::string& msg, const std::string& part) {
+    return msg.find(part) != std::string::npos;
+  };
+  std::string m = with([](nlohmann::json& d) { d.erase("flops"); });
+  EXPECT_TRUE(has(m, "card.json") && has(m, "missing field 'flops'")) << m;
+  m = with([](nlohmann::json& d) { d["colour"] = "green"; });
+  EXPECT_TRUE(has(m, "unknown field 'colour'")) << m;
+  m = with([](nlohmann::json& d) { d["memory_bandwidth"] = -1; });
+  EXPECT_TRUE(has(m, "field 'memory_bandwidth' is -1")) << m;
+  m = with([](nlohmann::json& d) { d["flops"] = 0; });
+  EXPECT_TRUE(has(m, "field 'flops' is 0")) << m;
+  m = with([](nlohmann::json& d) { d["flops"] = "fast"; });
+  EXPECT_TRUE(has(m, "field 'flops' must be a number")) << m;
+  m = with([](nlohmann::json& d) { d["link_efficiency"] = 1.5; });
+  EXPECT_TRUE(has(m, "'link_efficiency' is 1.5: a fraction is at most 1")) << m;
+  m = with([](nlohmann::json& d) { d["source"].erase("link_latency"); });
+  EXPECT_TRUE(has(m, "missing field 'source.link_latency'")) << m;
+  m = with([](nlohmann::json& d) { d["source"]["speed"] = "fast"; });
+  EXPECT_TRUE(has(m, "unknown field 'source.speed'")) << m;
+  m = with([](nlohmann::json& d) { d.erase("source"); });
+  EXPECT_TRUE(has(m, "missing field 'source'")) << m;
+  m = with([](nlohmann::json& d) { d["reserved_memory"] = d["memory"]; });
+  EXPECT_TRUE(has(m, "'reserved_memory'")) << m;
+  // Zero is allowed where it means "none".
+  EXPECT_EQ(with([](nlohmann::json& d) { d["link_latency"] = 0; }), "");
+  try {
+    parse_machine("{not json", "broken.json");
+    ADD_FAILURE() << "parsed";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "broken.json: not valid JSON")) << e.what();
+  }
+  try {
+    read_machine(machines_dir() + "/no-such-card.json");
+    ADD_FAILURE() << "read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_IO);
+    EXPECT_TRUE(has(e.what(), "no-such-card.json")) << e.what();
+  }
+}
+
+TEST(Machine, NodeTimesFollowTheCardsRoofline) {
+  const Machine m = read_machine(machines_dir() + "/rtx4060.json");
+  const std::unique_ptr<Model> model = build_model(chain(2, 256, 2048));
+  const Graph& g = model->graph;
+  const Profile p = machine_profile(g, m);
+  ASSERT_EQ(p.node_seconds.size(), g.nodes().size());
+  EXPECT_DOUBLE_EQ(p.link.h2d_bandwidth, m.h2d_bandwidth * m.link_efficiency);
+  EXPECT_DOUBLE_EQ(p.link.latency, m.link_latency);
+  int compute_bound = 0;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    std::vector<const TensorDesc*> in, out;
+    for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
+    for (TensorId y : n.outputs) out.push_back(&g.tensor(y));
+    const OpDef& def = op_registry().get(n.op);
+    const double flops = def.flops ? def.flops(in, out, n.attrs) : 0;
+    const double t_c = flops / (m.flops * m.compute_efficiency);
+    const double t_m = op_bytes(in, out) / (m.memory_bandwidth * m.memory_efficiency);
+    EXPECT_DOUBLE_EQ(p.node_seconds[i], std::max(t_c, t_m) + m.launch_overhead) << n.op;
+    compute_bound += t_c > t_m;
+  }
+  EXPECT_GT(compute_bound, 0);  // the linears: the roofline's other side is exercised
+}
+
+TEST(Machine, SessionPlansForTheCardWithoutTakingMemory) {
+  // 24 layers of 2048 at batch 8192: ~3.2 GB of saved activations and 1.2 GB
+  // of weights with Adam's state; no GTX 1650 holds it in core, an H200 does.
+  const ModelSpec spec = chain(24, 2048, 8192);
+  Session small(build_model(spec), for_card("gtx1650.json"));
+  const Machine& m = *small.machine();
+  EXPECT_EQ(small.budget(), m.usable_memory());
+  const OutOfCoreReport& r = small.out_of_core();
+  EXPECT_TRUE(r.active);
+  EXPECT_GT(r.in_core_arena, m.usable_memory());
+  EXPECT_LE(small.memory_plan().peak, m.usable_memory());
+  EXPECT_LE(small.arena_taken(), m.usable_memory());
+  EXPECT_GT(r.swapped_bytes + r.recomputed_bytes, 0u);
+  EXPECT_GE(r.predicted_seconds, r.predicted_in_core);  // copies hide behind 38 ms linears
+  EXPECT_TRUE(small.plan_only());
+  try {
+    small.run(ProgramKind::train_step);
+    ADD_FAILURE() << "a plan-only session ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_UNSUPPORTED);
+  }
+
+  Session big(build_model(spec), for_card("h200.json"));
+  EXPECT_FALSE(big.out_of_core().active);
+  // The same step in core: the H200's roofline is faster than the 1650's.
+  EXPECT_LT(big.out_of_core().predicted_in_core, r.predicted_in_core / 5);
+
+  // An explicit budget wins over the card's memory.
+  SessionConfig capped = for_card("h200.json");
+  capped.device_memory = small.budget();
+  Session h200_capped(build_model(spec), capped);
+  EXPECT_EQ(h200_capped.budget(), small.budget());
+  EXPECT_TRUE(h200_capped.out_of_core().active);
+}
