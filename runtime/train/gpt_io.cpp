@@ -34,6 +34,12 @@ gpt_ckpt::GptConfig import_gpt(const std::string& from, const std::string& out,
   for (size_t t = 0; t < m->graph.num_tensors(); ++t) {
     const TensorDesc& d = m->graph.tensor(static_cast<TensorId>(t));
     if (d.role != Role::weight) continue;
+    // A constant of the builder's own (the gpt family's pos.ids, each
+    // token's position) is in no checkpoint: it keeps its initial value.
+    if (const auto init = m->init.find(d.name); !d.trainable && init != m->init.end()) {
+      weights[d.name] = initial_value(d, init->second, m->seed);
+      continue;
+    }
     const auto it = shapes.find(d.name);
     if (it == shapes.end())
       throw Error(POOCH_ERR_BAD_INPUT, fmt::format("{}: has no weight for the model's '{}' {}",

@@ -1,4 +1,4 @@
-// A golden test against Hugging Face transformers: make_gpt_golden.py built a
+// A golden test against Hugging Face transformers: make_gpt_train_golden.py built a
 // tiny GPT2LMHeadModel with random weights and wrote its weights, a batch,
 // the logits, the loss, every weight gradient, the losses of 10 AdamW steps
 // and greedy generation's tokens to gpt_tiny.safetensors (the reference
@@ -9,7 +9,7 @@
 // max(|reference|, floor), the floor being the compared tensor's largest
 // magnitude: a tensor agrees to 1e-5 of its scale (an element far below the
 // scale carries the rounding of the large ones it was summed from; PyTorch's
-// own f32 run differs from the f64 reference by as much: make_gpt_golden.py
+// own f32 run differs from the f64 reference by as much: make_gpt_train_golden.py
 // prints its figure).
 #include <gtest/gtest.h>
 

@@ -141,3 +141,30 @@ TEST(Generator, StopsAtTheCallbackAndTheContext) {
 
 }  // namespace
 }  // namespace pooch
+
+#include "runtime/train/lr_schedule.h"
+
+namespace pooch {
+namespace {
+
+TEST(LrSchedule, WarmupThenCosine) {
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(1, 10, 111, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(5, 10, 111, 0.1), 0.5);
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(10, 10, 111, 0.1), 1.0);
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(11, 10, 111, 0.1), 1.0);
+  EXPECT_NEAR(cosine_lr_scale(61, 10, 111, 0.1), 0.55, 1e-12);  // half way: the mean
+  EXPECT_NEAR(cosine_lr_scale(111, 10, 111, 0.1), 0.1, 1e-15);
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(500, 10, 111, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(0, 0, 100, 0.0), 1.0);  // step 0 counts as the first
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(7, 10, 5, 0.0), 0.7);
+  EXPECT_DOUBLE_EQ(cosine_lr_scale(20, 10, 5, 0.0), 1.0);
+  double last = 2;
+  for (uint64_t s = 11; s <= 111; ++s) {  // decreasing after the warm-up
+    const double f = cosine_lr_scale(s, 10, 111, 0.1);
+    EXPECT_LT(f, last) << "step " << s;
+    last = f;
+  }
+}
+
+}  // namespace
+}  // namespace pooch
