@@ -2,7 +2,7 @@
 // float32 and bfloat16 files of the same weights read into pooch's names and
 // layouts (Conv1D weights transposed), written back in the HF layout
 // byte-identical to the committed export that from_pretrained was shown to
-// load (tests/golden/make_gpt_checkpoint_golden.py --check), and broken files refused.
+// load (tests/golden/make_gpt_golden.py --check), and broken files refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -112,7 +112,7 @@ TEST(GptCheckpoint, ExportsWhatFromPretrainedLoads) {
   const Weights back = collect_hf(out);
   for (const auto& [name, x] : w) EXPECT_EQ(back.at(name).data, x.data) << name;
   // The committed export was loaded by GPT2LMHeadModel.from_pretrained with
-  // equal weights and logits (make_gpt_checkpoint_golden.py --check); the writer must
+  // equal weights and logits (make_gpt_golden.py --check); the writer must
   // keep producing those bytes.
   const std::string golden = kDir + "/pooch_export";
   if (std::getenv("POOCH_WRITE_GOLDEN")) {
