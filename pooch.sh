@@ -142,10 +142,16 @@ case "$cmd" in
     "$BUILD/apps/pooch-run" demo "$@"
     ;;
   test)
-    install_missing "${FUZZ_PACKAGES[@]}"
+    install_missing
     configure_and_build
     meson test -C "$BUILD" --print-errorlogs
-    sanitize all
+    # The sanitizer stages have not yet run to the end on this 2-core machine
+    # within CI's time (docs/RELIABILITY.md, "Sanitizers"): opt in with
+    # POOCH_SANITIZE=1, or run `./pooch.sh sanitize` alone.
+    if [ "${POOCH_SANITIZE:-0}" = 1 ]; then
+      install_missing "${FUZZ_PACKAGES[@]}"
+      sanitize all
+    fi
     ;;
   sanitize)
     install_missing "${FUZZ_PACKAGES[@]}"

@@ -4,7 +4,8 @@
 // As on the CPU, no [B, L] logits exist: one thread owns one label and walks
 // the batch, forming each logit from the label's K connections, turning it at
 // once into its loss term, its gradient, dw/db (in registers, one writer per
-// label) and dh (red.global adds: not deterministic). The input is transposed
+// label) and dh (red.global adds: not deterministic; the "label-slices"
+// variant sums dh in fixed label slices instead). The input is transposed
 // once to hT[H][B] so the K rows a label reads are contiguous over the batch.
 // Targets: a row's labels are few, so a logit's target is looked up by a scan
 // of its row's list.
@@ -140,7 +141,22 @@ __global__ void loss_total(const double* partial, int n, const double* lse, cons
   *out = batch > 0 ? float(s / double(batch)) : 0.0f;
 }
 
-// One thread per label: dw[l,:], db[l] in registers (one writer), dh by adds.
+// The scaled gradient of the loss with respect to logit (r, l).
+__device__ __forceinline__ float logit_grad(const Layer& y, const int32_t* lptr,
+                                            const int32_t* lidx, int kind, float scale,
+                                            const double* lse, int64_t l, int64_t r) {
+  const float x = logit(y, l, r);
+  const float t = is_target(lptr, lidx, r, l) ? 1.0f : 0.0f;
+  float g;
+  if (kind == 2)
+    g = float(exp(double(x) - lse[r]) * double(lptr[r + 1] - lptr[r])) - t;
+  else
+    g = grad_of(x, t, kind);
+  return g * scale;
+}
+
+// One thread per label: dw[l,:], db[l] in registers (one writer); dh by adds
+// when dht is given (the deterministic variant computes dh apart, below).
 __global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int kind, float scale,
                           const double* lse, float* dht, float* dw, float* db) {
   for (int64_t l = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; l < y.labels;
@@ -148,23 +164,50 @@ __global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int
     float gb = 0.0f;
     for (int64_t k = 0; k < y.fan_in; ++k) dw[l * y.fan_in + k] = 0.0f;
     for (int64_t r = 0; r < y.batch; ++r) {
-      const float x = logit(y, l, r);
-      const float t = is_target(lptr, lidx, r, l) ? 1.0f : 0.0f;
-      float g;
-      if (kind == 2)
-        g = float(exp(double(x) - lse[r]) * double(lptr[r + 1] - lptr[r])) - t;
-      else
-        g = grad_of(x, t, kind);
-      g *= scale;
+      const float g = logit_grad(y, lptr, lidx, kind, scale, lse, l, r);
       if (g == 0.0f) continue;
       gb += g;
       for (int64_t k = 0; k < y.fan_in; ++k) {
         const int64_t u = index_at(y, l * y.fan_in + k);
         dw[l * y.fan_in + k] += g * y.ht[u * y.batch + r];
-        atomicAdd(dht + u * y.batch + r, g * y.w[l * y.fan_in + k]);
+        if (dht) atomicAdd(dht + u * y.batch + r, g * y.w[l * y.fan_in + k]);
       }
     }
     db[l] = gb;
+  }
+}
+
+// Deterministic dh, as the CPU kernel does it: the labels fall into
+// kSlices fixed ranges; thread (s, r) walks slice s's labels in order for row
+// r and adds into its own partial sums part[s][u][r] (one writer per cell);
+// dh_sum then adds the slices in order. No atomics, so the same bits every
+// run, at the price of recomputing the logits once more.
+constexpr int64_t kSlices = 8;
+
+__global__ void dh_slices(Layer y, const int32_t* lptr, const int32_t* lidx, int kind, float scale,
+                          const double* lse, float* part) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < kSlices * y.batch;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t s = i / y.batch, r = i % y.batch;
+    const int64_t l0 = y.labels * s / kSlices, l1 = y.labels * (s + 1) / kSlices;
+    float* p = part + s * y.hidden * y.batch;
+    for (int64_t l = l0; l < l1; ++l) {
+      const float g = logit_grad(y, lptr, lidx, kind, scale, lse, l, r);
+      if (g == 0.0f) continue;
+      for (int64_t k = 0; k < y.fan_in; ++k)
+        p[index_at(y, l * y.fan_in + k) * y.batch + r] += g * y.w[l * y.fan_in + k];
+    }
+  }
+}
+
+// dh[r, u] = the slices' partial sums, added in slice order.
+__global__ void dh_sum(const float* part, int64_t batch, int64_t hidden, float* dh) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch * hidden;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / hidden, u = i % hidden;
+    float acc = 0.0f;
+    for (int64_t s = 0; s < kSlices; ++s) acc += part[(s * hidden + u) * batch + r];
+    dh[i] = acc;
   }
 }
 
@@ -241,12 +284,14 @@ struct Scratch {
   double* partial;
 };
 
-Scratch carve(const KernelArgs& a, bool grad, std::byte* base, size_t* bytes) {
+// grad: 0 the loss, 1 the gradient with dh by adds, 2 the deterministic
+// gradient (dht holds kSlices partial dh).
+Scratch carve(const KernelArgs& a, int grad, std::byte* base, size_t* bytes) {
   const int64_t B = a.in[0].shape[0], H = a.in[0].shape[1];
   Carve c{base};
   Scratch s{};
   s.ht = c.take<float>(static_cast<size_t>(B * H));
-  s.dht = grad ? c.take<float>(static_cast<size_t>(B * H)) : nullptr;
+  s.dht = grad ? c.take<float>(static_cast<size_t>(B * H * (grad == 2 ? kSlices : 1))) : nullptr;
   s.lse = c.take<double>(static_cast<size_t>(B > 0 ? B : 1));
   s.partial = c.take<double>(kPartials);
   if (bytes) *bytes = c.used;
@@ -255,12 +300,17 @@ Scratch carve(const KernelArgs& a, bool grad, std::byte* base, size_t* bytes) {
 
 size_t loss_ws(const KernelArgs& a) {
   size_t n = 0;
-  carve(a, false, nullptr, &n);
+  carve(a, 0, nullptr, &n);
   return n;
 }
 size_t loss_grad_ws(const KernelArgs& a) {
   size_t n = 0;
-  carve(a, true, nullptr, &n);
+  carve(a, 1, nullptr, &n);
+  return n;
+}
+size_t loss_grad_det_ws(const KernelArgs& a) {
+  size_t n = 0;
+  carve(a, 2, nullptr, &n);
   return n;
 }
 size_t topk_ws(const KernelArgs& a) {
@@ -270,7 +320,7 @@ size_t topk_ws(const KernelArgs& a) {
 void ffi_loss(const KernelArgs& a) {
   if (!f32_only(a, "ffi_loss")) return;
   cudaStream_t st = stream_of(a);
-  const Scratch s = carve(a, false, static_cast<std::byte*>(a.workspace), nullptr);
+  const Scratch s = carve(a, 0, static_cast<std::byte*>(a.workspace), nullptr);
   const Layer y = layer_of(a, s.ht);
   const int kind = static_cast<int>(a.attrs.geti("loss", 0));
   const auto* lptr = a.in[4].as<int32_t>();
@@ -294,10 +344,11 @@ void ffi_loss(const KernelArgs& a) {
   launched("ffi_loss total");
 }
 
-void ffi_loss_grad(const KernelArgs& a) {
+// deterministic: dh from dh_slices + dh_sum instead of atomic adds.
+void loss_grad_launch(const KernelArgs& a, bool deterministic) {
   if (!f32_only(a, "ffi_loss_grad")) return;
   cudaStream_t st = stream_of(a);
-  const Scratch s = carve(a, true, static_cast<std::byte*>(a.workspace), nullptr);
+  const Scratch s = carve(a, deterministic ? 2 : 1, static_cast<std::byte*>(a.workspace), nullptr);
   const Layer y = layer_of(a, s.ht);
   const int kind = static_cast<int>(a.attrs.geti("loss", 0));
   const auto* lptr = a.in[4].as<int32_t>();
@@ -310,7 +361,9 @@ void ffi_loss_grad(const KernelArgs& a) {
     transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
         a.in[0].as<float>(), y.batch, y.hidden, s.ht);
     if (!launched("ffi_loss_grad transpose")) return;
-    if (!cuda_ok(cudaMemsetAsync(s.dht, 0, bh, st), "cudaMemsetAsync")) return;
+    if (!cuda_ok(cudaMemsetAsync(s.dht, 0, bh * (deterministic ? kSlices : 1), st),
+                 "cudaMemsetAsync"))
+      return;
   }
   if (kind == 2 && y.batch > 0 && y.labels > 0) {
     row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
@@ -318,14 +371,31 @@ void ffi_loss_grad(const KernelArgs& a) {
   }
   if (y.labels > 0) {
     loss_grad<<<grid_for(y.labels, kThreads), kThreads, 0, st>>>(
-        y, lptr, lidx, kind, scale, s.lse, s.dht, a.out[1].as<float>(), a.out[2].as<float>());
+        y, lptr, lidx, kind, scale, s.lse, deterministic ? nullptr : s.dht, a.out[1].as<float>(),
+        a.out[2].as<float>());
     if (!launched("ffi_loss_grad")) return;
+    if (deterministic && bh > 0) {
+      dh_slices<<<grid_for(kSlices * y.batch, kThreads), kThreads, 0, st>>>(y, lptr, lidx, kind,
+                                                                            scale, s.lse, s.dht);
+      if (!launched("ffi_loss_grad dh_slices")) return;
+    }
   }
-  if (bh > 0) {
+  if (bh > 0 && deterministic) {
+    dh_sum<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(s.dht, y.batch, y.hidden,
+                                                                        a.out[0].as<float>());
+    launched("ffi_loss_grad dh_sum");
+  } else if (bh > 0) {
     transpose_out<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
         s.dht, y.batch, y.hidden, a.out[0].as<float>());
     launched("ffi_loss_grad transpose back");
   }
+}
+
+void ffi_loss_grad(const KernelArgs& a) {
+  loss_grad_launch(a, false);
+}
+void ffi_loss_grad_det(const KernelArgs& a) {
+  loss_grad_launch(a, true);
 }
 
 void ffi_topk(const KernelArgs& a) {
@@ -362,6 +432,7 @@ std::vector<KernelVariant> cuda_ffi_head_kernels() {
   return {
       {"ffi_loss", "label-thread", ffi_loss, loss_ws, true, supports},
       {"ffi_loss_grad", "label-thread", ffi_loss_grad, loss_grad_ws, false, supports},
+      {"ffi_loss_grad", "label-slices", ffi_loss_grad_det, loss_grad_det_ws, true, supports},
       {"ffi_topk", "block-row", ffi_topk, topk_ws, true, supports_topk},
   };
 }

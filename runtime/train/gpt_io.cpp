@@ -31,13 +31,14 @@ gpt_ckpt::GptConfig import_gpt(const std::string& from, const std::string& out,
       gpt_ckpt::is_hf_dir(from) ? gpt_ckpt::read_hf(from, sink) : gpt_ckpt::read_llmc(from, sink);
   const std::unique_ptr<Model> m = build(cfg);
   std::set<std::string> used;
+  std::map<std::string, std::vector<std::byte>> constants;
   for (size_t t = 0; t < m->graph.num_tensors(); ++t) {
     const TensorDesc& d = m->graph.tensor(static_cast<TensorId>(t));
     if (d.role != Role::weight) continue;
     // A constant of the builder's own (the gpt family's pos.ids, each
     // token's position) is in no checkpoint: it keeps its initial value.
     if (const auto init = m->init.find(d.name); !d.trainable && init != m->init.end()) {
-      weights[d.name] = initial_value(d, init->second, m->seed);
+      constants[d.name] = initial_value(d, init->second, m->seed);
       continue;
     }
     const auto it = shapes.find(d.name);
@@ -58,6 +59,7 @@ gpt_ckpt::GptConfig import_gpt(const std::string& from, const std::string& out,
   scratch.map();
   std::map<std::string, std::span<const std::byte>, std::less<>> weights;
   for (const auto& [name, at] : where) weights[name] = scratch.bytes(at.first, at.second);
+  for (const auto& [name, bytes] : constants) weights[name] = std::span<const std::byte>(bytes);
   save_model(*m, out, weights);
   return cfg;
 }

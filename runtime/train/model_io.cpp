@@ -204,11 +204,12 @@ LoadedFile load_model_file(const std::string& path) {
 namespace {
 
 // The width an index tensor addresses (the input of the fixed fan-in layer it
-// feeds), or -1 when it feeds none. Kernels trust index values, so values
+// feeds, fused or not), or -1 when it feeds none. Kernels trust index values, so values
 // from a file are checked against it before they reach the arena.
 int64_t index_bound(const Graph& g, TensorId t) {
   for (const Node& n : g.nodes())
-    if (n.op == "ffi_linear" && n.inputs.size() > 1 && n.inputs[1] == t)
+    if ((n.op == "ffi_linear" || n.op == "ffi_loss" || n.op == "ffi_topk") && n.inputs.size() > 1 &&
+        n.inputs[1] == t)
       return g.tensor(n.inputs[0]).shape.back();
   return -1;
 }

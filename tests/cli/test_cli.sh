@@ -512,7 +512,10 @@ contains stale-message stale.err "removed 1 temporary file of 'stale\.pooch\.ckp
 # dense output layer (the default on so small a set) calls OpenBLAS, which
 # does not return under the smaller limits (docs/BENCHMARKS.md, issue 11).
 # (AddressSanitizer reserves terabytes of address space: no ulimit -v there.)
-ULIMITS="100000 150000 200000 250000"
+# Below about 100 MB the process dies before main: OpenBLAS starts its
+# worker pool in its loader, and with oneDNN mapped too a thread's stack no
+# longer fits (OpenBLAS prints why and exits 130; docs/RELIABILITY.md).
+ULIMITS="150000 200000 250000"
 if ldd "$RUN" 2> /dev/null | grep -Eq 'lib(a|t)san'; then
   ULIMITS=""
   echo "skip ulimit (a sanitizer build)"
