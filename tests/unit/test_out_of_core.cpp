@@ -246,7 +246,9 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
         if (s.layout().paged(static_cast<TensorId>(t)) &&
             s.graph().tensor(static_cast<TensorId>(t)).role == Role::weight)
           paged_weights += s.graph().tensor(static_cast<TensorId>(t)).bytes();
-      if (level == 2) EXPECT_GT(paged_weights, 0u);  // below b1 only paged weights fit
+      if (level == 2) {
+        EXPECT_GT(paged_weights, 0u);  // below b1 only paged weights fit
+      }
       EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
       std::printf(
           "%-8s %-10s budget %8zu  arena %8zu  paged %8zu (weights %8zu)  copied %8zu  "

@@ -86,7 +86,9 @@ TEST(XmcSkip, StartsAtZeroAndTrainsOnlyTheBatchesFeatures) {
   for (int64_t f = 0; f < kF; ++f)
     for (int64_t l = 0; l < kL; ++l) {
       const float v = w[f * kL + l];
-      if (!seen.count(static_cast<int32_t>(f))) ASSERT_EQ(v, 0.0f) << "feature " << f;
+      if (!seen.count(static_cast<int32_t>(f))) {
+        ASSERT_EQ(v, 0.0f) << "feature " << f;
+      }
       moved += v != 0.0f;
     }
   EXPECT_GT(moved, 0);
