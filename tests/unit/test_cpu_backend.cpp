@@ -132,6 +132,11 @@ TEST(CpuBackend, CopyWaitingOnAnEventSeesTheKernelsOutput) {
 TEST(CpuBackend, CopyWithoutAWaitRunsAndCompletes) {
   // Unordered against the kernel, the copy may see either value; only its
   // completion and the kernel's result are checked.
+#if defined(__SANITIZE_THREAD__)
+  // The race between the two streams is this test's subject: ThreadSanitizer
+  // rightly reports it.
+  GTEST_SKIP() << "a deliberate race between streams";
+#endif
   auto b = backend_with_arena();
   constexpr size_t n = 4096;
   std::byte* src = b->arena_base();
