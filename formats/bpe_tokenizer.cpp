@@ -176,6 +176,8 @@ Tokenizer Tokenizer::parse(std::string_view vocab_json, std::string_view merges_
     j = json::parse(vocab_json.begin(), vocab_json.end(), note_keys);
   } catch (const json::parse_error& e) {
     bad(vocab_name, fmt::format("does not parse as JSON at byte {}: {}", e.byte, e.what()));
+  } catch (const json::exception& e) {  // e.g. a number too large for a double
+    bad(vocab_name, fmt::format("does not parse as JSON: {}", e.what()));
   }
   if (!dup.empty()) bad(vocab_name, fmt::format("token '{}' is listed twice", dup));
   if (!j.is_object()) bad(vocab_name, "is not a JSON object of token -> id");

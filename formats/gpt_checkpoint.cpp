@@ -104,6 +104,8 @@ GptConfig parse_hf_config(std::string_view text, const std::string& source) {
     j = json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
     bad(source, fmt::format("does not parse as JSON at byte {}: {}", e.byte, e.what()));
+  } catch (const json::exception& e) {  // e.g. a number too large for a double
+    bad(source, fmt::format("does not parse as JSON: {}", e.what()));
   }
   if (!j.is_object()) bad(source, "is not a JSON object");
   if (j.contains("model_type") && j["model_type"] != "gpt2")

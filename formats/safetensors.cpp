@@ -74,6 +74,9 @@ json parse_json_strict(std::string_view text, const std::string& source) {
     // e.byte counts from 1 within the header; the header starts at file byte 8.
     bad(source, fmt::format("the JSON header (bytes 8 to {}) does not parse at byte {}: {}",
                             8 + text.size(), 8 + (e.byte > 0 ? e.byte - 1 : 0), e.what()));
+  } catch (const json::exception& e) {  // e.g. a number too large for a double
+    bad(source, fmt::format("the JSON header (bytes 8 to {}) does not parse: {}", 8 + text.size(),
+                            e.what()));
   }
   if (!dup.empty())
     bad(source, fmt::format("the header names '{}' twice (byte {})", dup, key_offset(text, dup)));

@@ -213,6 +213,8 @@ ModelSpec spec_from_json(const std::string& text, const std::string& src) {
     j = json::parse(text, note_keys);
   } catch (const json::parse_error& e) {
     bad(src, fmt::format("not valid JSON (byte {}): {}", e.byte, e.what()));
+  } catch (const json::exception& e) {  // e.g. a number too large for a double
+    bad(src, fmt::format("not valid JSON: {}", e.what()));
   }
   if (!repeated.empty())
     bad(src,

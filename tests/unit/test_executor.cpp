@@ -10,8 +10,8 @@
 #include "runtime/core/autodiff.h"
 #include "runtime/core/error.h"
 #include "runtime/exec/executor.h"
-#include "runtime/train/model_io.h"
 #include "runtime/models/xmc.h"
+#include "runtime/train/model_io.h"
 #include "runtime/train/xmc_session.h"
 
 using namespace pooch;
@@ -209,6 +209,18 @@ TEST(ModelFile, OutOfRangeFanInIndexIsRefused) {
     EXPECT_NE(std::string(e.what()).find("head.index"), std::string::npos) << e.what();
   }
   std::remove(path.c_str());
+}
+
+// A number past double's range is a JSON error of its own kind (out_of_range,
+// not parse_error): found by fuzz_model_spec; it once escaped as a crash.
+TEST(ModelSpec, ANumberTooLargeIsABadInputError) {
+  try {
+    spec_from_json("1E88888888888", "m.json");
+    FAIL() << "accepted an overflowing number";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT);
+    EXPECT_NE(std::string(e.what()).find("m.json"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModelSpec, UnknownFieldsAreErrorsNamingThem) {
