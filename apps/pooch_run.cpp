@@ -1,11 +1,13 @@
 // pooch-run: the command line tool. Built on the public C API alone
 // (pooch.h), as dav1d's CLI uses only dav1d.h. One file per subcommand
 // (cmd_*.cpp); docs/CLI.md is the reference.
+#include <alloca.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -15,16 +17,15 @@
 
 namespace {
 
-// Settings the libraries pooch calls read once, when they are loaded, so
-// this process runs itself again, once, with them in its environment. A
-// value the user set is left as it is.
+// Settings the libraries pooch calls read once, in their initialisers, which
+// the loader runs before main. A value the user set is left as it is.
 //
-// OPENBLAS_NUM_THREADS=1: OpenBLAS starts a pool of worker threads when it
-// is loaded, before main runs, sized by the cores; each worker maps a buffer
-// as it starts, and under a low address-space limit (ulimit -v) one that
-// cannot spins for ever. pooch sets the count each session runs (--threads)
-// and OpenBLAS grows its pool to that on demand, so this process starts with
-// none.
+// OPENBLAS_NUM_THREADS=1: OpenBLAS starts a pool of worker threads in its
+// initialiser, sized by the cores; each worker maps a buffer as it starts.
+// Under a low address-space limit (ulimit -v) that start fails before main
+// (OpenBLAS prints why and exits), or a worker that cannot map spins for ever.
+// pooch sets the count each session runs (--threads) and OpenBLAS grows its
+// pool to that on demand, so this process starts with none.
 //
 // No spinning: OpenMP's (libgomp's) threads busy-wait about 3 ms for the
 // next parallel region by default, and OpenBLAS's about 0.1 s (2^28 cycles)
@@ -34,25 +35,42 @@ namespace {
 // (2^4 cycles) make both sleep at once (docs/BENCHMARKS.md, "Idle CPU").
 // The library cannot set these for a host program: libgomp and OpenBLAS read
 // them before any pooch code runs (docs/RELIABILITY.md).
-void start_with_library_settings(char** argv) {
-  static const char* const settings[][2] = {
-      {"OPENBLAS_NUM_THREADS", "1"},
-      {"OMP_WAIT_POLICY", "passive"},
-      {"OPENBLAS_THREAD_TIMEOUT", "4"},
-  };
-  bool set[std::size(settings)] = {};
-  bool changed = false;
-  for (size_t i = 0; i < std::size(settings); ++i)
-    if (std::getenv(settings[i][0]) == nullptr) {
-      set[i] = ::setenv(settings[i][0], settings[i][1], 1) == 0;
-      changed = changed || set[i];
-    }
-  if (!changed) return;
-  ::execv("/proc/self/exe", argv);
-  // No /proc: go on as loaded (the settings would not reach the libraries now).
-  for (size_t i = 0; i < std::size(settings); ++i)
-    if (set[i]) ::unsetenv(settings[i][0]);
+constexpr const char* kLibrarySettings[] = {
+    "OPENBLAS_NUM_THREADS=1",
+    "OMP_WAIT_POLICY=passive",
+    "OPENBLAS_THREAD_TIMEOUT=4",
+};
+
+bool has_variable(char** env, const char* setting) {
+  const size_t name_len = std::strchr(setting, '=') - setting + 1;  // "NAME="
+  for (char** e = env; *e != nullptr; ++e)
+    if (std::strncmp(*e, setting, name_len) == 0) return true;
+  return false;
 }
+
+// Runs from the executable's DT_PREINIT_ARRAY: before any shared library's
+// initialiser, OpenBLAS's and libgomp's included (a constructor would run
+// after them). libc is not initialised yet either, and its initialiser resets
+// the environment to the one the process started with, so setenv() here
+// would be lost: the process runs itself again, once, with the settings in
+// the environment it starts with. No malloc, no getenv: only the arguments.
+void start_with_library_settings(int, char** argv, char** env) {
+  size_t count = 0;
+  while (env[count] != nullptr) ++count;
+  char** with =
+      static_cast<char**>(alloca((count + std::size(kLibrarySettings) + 1) * sizeof(char*)));
+  size_t n = 0;
+  for (; n < count; ++n) with[n] = env[n];
+  for (const char* setting : kLibrarySettings)
+    if (!has_variable(env, setting)) with[n++] = const_cast<char*>(setting);
+  if (n == count) return;  // all set: this is the second start, or the user set them
+  with[n] = nullptr;
+  ::execve("/proc/self/exe", argv, with);
+  // No /proc: go on as loaded (the settings would not reach the libraries).
+}
+
+[[gnu::used, gnu::section(".preinit_array")]] void (*preinit_library_settings)(
+    int, char**, char**) = start_with_library_settings;
 
 }  // namespace
 
@@ -62,7 +80,6 @@ int main(int argc, char** argv) {
   // the writer reports it (exit 2) and keeps the previous file. The library
   // installs no handlers: this is the program's choice (docs/RELIABILITY.md).
   std::signal(SIGXFSZ, SIG_IGN);
-  start_with_library_settings(argv);
   cli::set_argv(argc, argv);
   CLI::App app{"pooch-run: train, finetune, evaluate and run pooch models", "pooch-run"};
   app.require_subcommand(1);

@@ -417,13 +417,17 @@ if [ -d "/proc/$pid/task" ]; then
   [ "$n" = 4 ] && pass "threads-1 ($n threads)" || fail "threads-1: $n threads, wanted 4"
 fi
 # It runs with the settings that keep libgomp's and OpenBLAS's threads from
-# spinning (set by its own re-exec; docs/RELIABILITY.md).
+# spinning (set by its own re-exec from its preinit array; docs/RELIABILITY.md).
 if [ -r "/proc/$pid/environ" ]; then
   env_of=$(tr '\0' '\n' < "/proc/$pid/environ")
   for kv in OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 OPENBLAS_NUM_THREADS=1; do
     if grep -qx "$kv" <<< "$env_of"; then pass "no-spin $kv"; else fail "no-spin: $kv not set"; fi
   done
 fi
+# ... and libgomp read it in its initialiser (it prints what it read when
+# OMP_DISPLAY_ENV is set), so the setting was there before the library started.
+OMP_DISPLAY_ENV=true "$RUN" --version > display-env.out 2>&1
+contains no-spin-libgomp display-env.out "OMP_WAIT_POLICY = 'PASSIVE'"
 kill -INT $pid
 wait $pid
 rc=$?
@@ -512,10 +516,12 @@ contains stale-message stale.err "removed 1 temporary file of 'stale\.pooch\.ckp
 # dense output layer (the default on so small a set) calls OpenBLAS, which
 # does not return under the smaller limits (docs/BENCHMARKS.md, issue 11).
 # (AddressSanitizer reserves terabytes of address space: no ulimit -v there.)
-# Below about 100 MB the process dies before main: OpenBLAS starts its
-# worker pool in its loader, and with oneDNN mapped too a thread's stack no
-# longer fits (OpenBLAS prints why and exits 130; docs/RELIABILITY.md).
-ULIMITS="150000 200000 250000"
+# At 100 MB OpenBLAS's worker pool, which its initialiser starts before main,
+# would not fit (it printed why and exited 130): pooch-run runs itself again
+# from its preinit array, before any library initialiser, so that the pool is
+# never started (docs/RELIABILITY.md). Below about 95 MB the loader itself
+# cannot map the libraries (exit 127, before any pooch code).
+ULIMITS="100000 150000 200000 250000"
 if ldd "$RUN" 2> /dev/null | grep -Eq 'lib(a|t)san'; then
   ULIMITS=""
   echo "skip ulimit (a sanitizer build)"
