@@ -189,10 +189,16 @@ int run_plan(PlanOpts& o) {
   return kOk;
 }
 
-// The per-op table of a profile JSON (pooch_session_profile_json).
-int print_profile(pooch_session* s, Output& out) {
+// The per-op table of a profile JSON (pooch_session_profile_json), after
+// `runs` profiled steps: each op's time is its median over them.
+int print_profile(pooch_session* s, int runs, Output& out) {
   char* text = nullptr;
-  if (pooch_status st = pooch_session_profile_json(s, &text)) return out.fail(st, "profile");
+  for (int r = 0; r < runs; ++r) {
+    pooch_string_free(&text);
+    if (pooch_status st = pooch_session_profile_json(s, &text))
+      return out.fail(
+          st, "profile (run " + std::to_string(r + 1) + " of " + std::to_string(runs) + ")");
+  }
   Json prof = Json::parse(text ? text : "", nullptr, false);
   pooch_string_free(&text);
   if (!prof.is_object()) return out.fail(kInternal, "profile: the library's profile is not JSON");
@@ -214,8 +220,9 @@ int print_profile(pooch_session* s, Output& out) {
   std::stable_sort(rows_sorted.begin(), rows_sorted.end(), [](const auto& a, const auto& b) {
     return a.second.seconds > b.second.seconds;
   });
-  std::printf("one measured train step: %s ms in %zu launches\n\n",
-              fmt_double("%.3f", total * 1e3).c_str(), prof.value("ops", Json::array()).size());
+  std::printf("a measured train step (each op's median of %d runs): %s ms in %zu launches\n\n",
+              runs, fmt_double("%.3f", total * 1e3).c_str(),
+              prof.value("ops", Json::array()).size());
   std::vector<std::vector<std::string>> rows{{"op", "calls", "ms", "GFLOP/s", "GB/s", "share"}};
   for (const auto& [op, r] : rows_sorted)
     rows.push_back(
@@ -234,6 +241,7 @@ struct ProfileOpts {
   TrainFlags tf;
   DataFlags data;
   std::string targets;
+  int runs = 3;
   DeviceFlags device;
   Output output{"profile"};
 };
@@ -244,7 +252,7 @@ int run_profile(ProfileOpts& o) {
     return out.fail(kUsage, "give the model with --model M.pooch or --spec S.json (one of them)");
   if (!o.targets.empty() || is_npy_path(o.data.dir))
     return run_dense_profile(o.model, o.mf, o.tf, o.data.dir, o.targets, o.device, out,
-                             [&](pooch_session* s) { return print_profile(s, out); });
+                             [&](pooch_session* s) { return print_profile(s, o.runs, out); });
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   ModelHandle model;
@@ -279,7 +287,7 @@ int run_profile(ProfileOpts& o) {
     return out.fail(st, "batch");
   float loss = 0;
   if (pooch_status st = pooch_session_step(s.p, &b, &loss)) return out.fail(st, "warm-up step");
-  return print_profile(s.p, out);
+  return print_profile(s.p, o.runs, out);
 }
 
 }  // namespace
@@ -305,7 +313,8 @@ Command add_profile(CLI::App& app) {
   auto o = std::make_shared<ProfileOpts>();
   CLI::App* c = app.add_subcommand(
       "profile",
-      "Time one train step per op on a data set (it trains two steps; nothing is saved)");
+      "Time a train step per op on a data set, each op's median over --runs steps (it trains "
+      "1 + runs steps; nothing is saved)");
   c->add_option("--model", o->model, "Model or checkpoint")->type_name("M.pooch");
   c->add_option("--spec", o->mf.spec, "Model spec (input width and labels default to the data's)")
       ->type_name("S.json");
@@ -316,6 +325,8 @@ Command add_profile(CLI::App& app) {
       ->group("Dense data");
   c->add_option("--batch", o->tf.batch, "Rows per step (default: the model's)")
       ->check(batch_range());
+  c->add_option("--runs", o->runs, "Profiled steps; each op's time is its median over them")
+      ->check(in_range(1, 5, true));
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_profile(*o)); }};

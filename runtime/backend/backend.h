@@ -20,9 +20,9 @@ inline constexpr int kNumStreams = 3;
 using EventId = int32_t;
 
 struct BackendCaps {
-  bool async_copies = true;      // copies overlap compute
-  bool host_is_device = false;   // device pointers are host pointers (the CPU backend)
-  size_t alignment = 256;        // arena offsets are multiples of this
+  bool async_copies = true;     // copies overlap compute
+  bool host_is_device = false;  // device pointers are host pointers (the CPU backend)
+  size_t alignment = 256;       // arena offsets are multiples of this
 };
 
 struct MemoryInfo {
@@ -57,6 +57,13 @@ class Backend {
   virtual void stream_wait(Stream s, EventId e) = 0;
   // Host blocks until the event's latest record completed.
   virtual void event_sync(EventId e) = 0;
+  // An event that also notes when it completes, for event_elapsed: the
+  // profiler's. (On CUDA, timing costs a little at every record, so the
+  // events that only order streams are created without it.)
+  virtual EventId event_create_timed() = 0;
+  // Seconds from the completion of `from`'s latest record to that of `to`'s,
+  // on the device's clock: both timed events, both completed (after a sync).
+  virtual double event_elapsed(EventId from, EventId to) = 0;
 
   // Queues a copy of n bytes; either side may be arena or host pool memory.
   virtual void copy_async(Stream s, void* dst, const void* src, size_t n) = 0;

@@ -87,12 +87,18 @@ StepTimes Executor::run_timed(const BoundSchedule& b) {
   StepTimes t;
   t.launch_seconds.assign(s.launches.size(), 0);
   t.copy_seconds.assign(s.copies.size(), 0);
+  if (timer_start_ < 0) {
+    timer_start_ = backend_.event_create_timed();
+    timer_end_ = backend_.event_create_timed();
+  }
   for (const ScheduleStep& st : s.steps) {
-    const auto start = std::chrono::steady_clock::now();
+    const bool timed = st.kind != StepKind::record && st.kind != StepKind::wait;
+    if (timed) backend_.event_record(st.stream, timer_start_);
     step(b, st);
+    if (timed) backend_.event_record(st.stream, timer_end_);
     backend_.stream_sync(st.stream);
-    const double sec =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!timed) continue;
+    const double sec = backend_.event_elapsed(timer_start_, timer_end_);
     if (st.kind == StepKind::launch) t.launch_seconds[static_cast<size_t>(st.index)] = sec;
     if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out)
       t.copy_seconds[static_cast<size_t>(st.index)] = sec;

@@ -88,6 +88,41 @@ Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
   return p;
 }
 
+namespace {
+// The median of v (the mean of the middle two for an even count).
+double median_of(std::vector<double> v) {
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  const double hi = v[mid];
+  if (v.size() % 2 == 1) return hi;
+  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
+}
+}  // namespace
+
+Profile median_profile(const std::vector<Profile>& runs) {
+  if (runs.empty())
+    throw Error(POOCH_ERR_INVALID_ARG, "median_profile: no measured profile to take it of");
+  const size_t nodes = runs[0].node_seconds.size();
+  for (const Profile& r : runs)
+    if (r.node_seconds.size() != nodes)
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("median_profile: profiles of {} and {} nodes are not of one graph",
+                              nodes, r.node_seconds.size()));
+  Profile p;
+  p.node_seconds.resize(nodes);
+  std::vector<double> v(runs.size());
+  for (size_t n = 0; n < nodes; ++n) {
+    for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].node_seconds[n];
+    p.node_seconds[n] = median_of(v);
+  }
+  for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].link.h2d_bandwidth;
+  p.link.h2d_bandwidth = median_of(v);
+  for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].link.d2h_bandwidth;
+  p.link.d2h_bandwidth = median_of(v);
+  p.link.latency = runs.back().link.latency;  // not measured: the model's
+  return p;
+}
+
 std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
   double t[kNumStreams] = {0, 0, 0};
   std::vector<double> event(static_cast<size_t>(s.events), 0);

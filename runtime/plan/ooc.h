@@ -44,6 +44,11 @@ Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_p
 // the link's bandwidth from its copies when it made any, else `link`.
 Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
                          const LinkModel& link);
+// Each node's median time over several measured profiles of one graph, and
+// the median of each link bandwidth (one slow run, a page fault or another
+// process's burst, does not move the plan). Error POOCH_ERR_INVALID_ARG when
+// `runs` is empty or their node counts differ.
+Profile median_profile(const std::vector<Profile>& runs);
 
 struct Simulation {
   double seconds = 0;          // the step, first copy to last

@@ -387,7 +387,13 @@ void Session::run_profiled_train_step() {
   if (!c) run(ProgramKind::train_step);  // says why there is none
   prepare_run(c->schedule);
   const StepTimes t = exec().run_timed(c->bound);
-  profile_ = measured_profile(graph_, c->schedule, t, profile_.link);
+  // Every run falls back on the link model the session started from (where a
+  // run copied too little to measure it), not on an earlier run's measurement,
+  // so that runs stay independent.
+  if (measured_runs_.empty()) unmeasured_link_ = profile_.link;
+  if (measured_runs_.size() == kProfileRuns) measured_runs_.erase(measured_runs_.begin());
+  measured_runs_.push_back(measured_profile(graph_, c->schedule, t, unmeasured_link_));
+  profile_ = median_profile(measured_runs_);
   profile_measured_ = true;
   if (ooc_.active) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -105,9 +105,12 @@ class Session {
   // Runs a program. A train step advances the optimizer step counter.
   void run(ProgramKind p);
   // Runs one real train step a launch at a time, timing each launch and
-  // copy: the measured profile. A step out of core is then planned again
-  // from the measured times (the arena and host pool it took stay).
+  // copy. The measured profile is each node's median over this and the
+  // earlier profiled steps (the last kProfileRuns), so calling it several
+  // times steadies it. A step out of core is then planned again from the
+  // measured times (the arena and host pool it took stay).
   void run_profiled_train_step();
+  static constexpr size_t kProfileRuns = 5;
   bool profile_measured() const { return profile_measured_; }
   // A program over any tensors of the graph (tests, tools): compiled now; it
   // must fit the arena the session took. Outputs must be staged tensors.
@@ -175,6 +178,8 @@ class Session {
   OutOfCoreReport ooc_;
   Profile profile_;
   bool profile_measured_ = false;
+  std::vector<Profile> measured_runs_;  // the last kProfileRuns profiled steps
+  LinkModel unmeasured_link_;           // the link model before any measurement
   ProgramRequest train_request_;  // kept for planning again from a measured profile and reports
   size_t budget_ = 0;
   size_t arena_taken_ = 0, host_taken_ = 0;

@@ -129,6 +129,31 @@ TEST(CpuBackend, CopyWaitingOnAnEventSeesTheKernelsOutput) {
   b->sync_all();
 }
 
+// Timed events measure the work between them on the stream's own clock: a
+// kernel that sleeps 50 ms measures at least that, however late the host
+// asks; an event whose latest record has not completed is an error, not a
+// wrong time.
+TEST(CpuBackend, TimedEventsMeasureTheWorkBetweenThem) {
+  auto b = backend_with_arena();
+  const EventId start = b->event_create_timed(), end = b->event_create_timed();
+  const kern::KernelArgs args = one_output(b->arena_base(), 16, 0x5A);
+  b->event_record(Stream::compute, start);
+  b->launch(Stream::compute, kSlowFill, args);
+  b->event_record(Stream::compute, end);
+  EXPECT_THROW((void)b->event_elapsed(start, end), Error);  // still queued or running
+  b->stream_sync(Stream::compute);
+  std::this_thread::sleep_for(300ms);  // the host's delay is not the stream's time
+  const double sec = b->event_elapsed(start, end);
+  EXPECT_GE(sec, 0.050);
+  EXPECT_LT(sec, 0.300);
+  // Nothing between two records: next to no time.
+  b->event_record(Stream::d2h, start);
+  b->event_record(Stream::d2h, end);
+  b->stream_sync(Stream::d2h);
+  EXPECT_GE(b->event_elapsed(start, end), 0.0);
+  EXPECT_LT(b->event_elapsed(start, end), 0.050);
+}
+
 TEST(CpuBackend, CopyWithoutAWaitRunsAndCompletes) {
   // Unordered against the kernel, the copy may see either value; only its
   // completion and the kernel's result are checked.

@@ -354,3 +354,67 @@ TEST(OutOfCoreReport, TimelineAndOccupancyAgreeWithTheSimulatorAndThePlacement) 
 }
 
 }  // namespace
+
+namespace {
+
+Profile profile_of(std::vector<double> nodes, double h2d, double d2h) {
+  Profile p;
+  p.node_seconds = std::move(nodes);
+  p.link.h2d_bandwidth = h2d;
+  p.link.d2h_bandwidth = d2h;
+  return p;
+}
+
+// The measured profile is each node's median over the profiled runs: one
+// slow run (another process's burst) moves nothing.
+TEST(Profiler, TheProfileIsEachNodesMedianOverTheRuns) {
+  const Profile m = median_profile({profile_of({1, 10}, 5e9, 4e9), profile_of({9, 2}, 6e9, 1e9),
+                                    profile_of({2, 3}, 7e9, 2e9)});
+  EXPECT_EQ(m.node_seconds, (std::vector<double>{2, 3}));
+  EXPECT_EQ(m.link.h2d_bandwidth, 6e9);
+  EXPECT_EQ(m.link.d2h_bandwidth, 2e9);
+  // An even count: the mean of the middle two.
+  const Profile e = median_profile({profile_of({1}, 1, 1), profile_of({4}, 3, 3),
+                                    profile_of({100}, 5, 5), profile_of({2}, 7, 7)});
+  EXPECT_EQ(e.node_seconds, (std::vector<double>{3}));
+  EXPECT_EQ(e.link.h2d_bandwidth, 4);
+  EXPECT_THROW((void)median_profile({}), Error);
+  EXPECT_THROW((void)median_profile({profile_of({1}, 1, 1), profile_of({1, 2}, 1, 1)}), Error);
+}
+
+// A profiled step on the CPU backend with an emulated link times its copies
+// on the copy streams' clocks: the bandwidth measured from them can never
+// beat the link (the emulation makes each copy take at least its time), and
+// it replaces the link model the session started from. Each further profiled
+// step adds a run to the median.
+TEST(Profiler, ProfiledStepsMeasureTheEmulatedLink) {
+  ModelSpec spec = norm_spec();
+  spec.run.batch = 4096;  // activations of 1 MiB: copies long enough to measure
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 1;
+  Session in_core(build(spec), cfg);
+  const size_t in_core_train = in_core.out_of_core().in_core_arena;
+  size_t persistent = 0;
+  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
+    persistent += in_core.memory_plan().bytes_by_role[r];
+  SessionConfig oc = cfg;
+  oc.device_memory = persistent + (in_core_train - persistent) / 2;
+  oc.strategy = Strategy::swap_all;
+  oc.link_bandwidth = 400e6;
+  oc.link_latency = 1e-4;
+  Session s(build(spec), oc);
+  ASSERT_GT(s.schedule(ProgramKind::train_step)->copies.size(), 0u) << "nothing swapped";
+  fill_inputs(s, 0);
+  for (int run = 0; run < 3; ++run) s.run_profiled_train_step();
+  EXPECT_TRUE(s.profile_measured());
+  const LinkModel& link = s.profile().link;
+  EXPECT_LE(link.h2d_bandwidth, 400e6 * 1.02);
+  EXPECT_LE(link.d2h_bandwidth, 400e6 * 1.02);
+  EXPECT_NE(link.h2d_bandwidth, LinkModel{}.h2d_bandwidth) << "h2d was not measured";
+  EXPECT_NE(link.d2h_bandwidth, LinkModel{}.d2h_bandwidth) << "d2h was not measured";
+  ASSERT_EQ(s.profile().node_seconds.size(), s.graph().nodes().size());
+  for (double sec : s.profile().node_seconds) EXPECT_GE(sec, 0.0);
+}
+
+}  // namespace

@@ -226,6 +226,16 @@ void CpuBackend::event_sync(EventId e) {
   ev.wait(ev.recorded());
 }
 
+double CpuBackend::event_elapsed(EventId from, EventId to) {
+  std::chrono::steady_clock::time_point a, b;
+  if (!event(from, "event_elapsed").completed_at(a) || !event(to, "event_elapsed").completed_at(b))
+    throw Error(POOCH_ERR_INVALID_ARG,
+                fmt::format("cpu backend event_elapsed: event {} or {} has not completed its "
+                            "latest record; synchronise first",
+                            from, to));
+  return std::chrono::duration<double>(b - a).count();
+}
+
 void CpuBackend::copy_async(Stream s, void* dst, const void* src, size_t n) {
   StreamWorker& w = worker(s, "copy_async");
   if (n != 0) {

@@ -11,11 +11,22 @@
 namespace pooch::cpu {
 
 void EventState::complete(uint64_t n) {
+  const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard lock(mu_);
-    if (n > completed_) completed_ = n;
+    if (n > completed_) {
+      completed_ = n;
+      completed_at_ = now;
+    }
   }
   cv_.notify_all();
+}
+
+bool EventState::completed_at(std::chrono::steady_clock::time_point& when) {
+  std::lock_guard lock(mu_);
+  if (completed_ == 0 || completed_ < recorded_) return false;
+  when = completed_at_;
+  return true;
 }
 
 void EventState::wait(uint64_t n) {
@@ -94,8 +105,9 @@ void StreamWorker::execute(const Task& t) {
         if (t.n != 0) std::memcpy(t.dst, t.src, t.n);
         // The emulated link sleeps (never spins) for the rest of the copy's time.
         if (t.link_seconds > 0)
-          std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                    std::chrono::duration<double>(t.link_seconds)));
+          std::this_thread::sleep_until(start +
+                                        std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            std::chrono::duration<double>(t.link_seconds)));
         break;
       }
       case Task::Kind::record:

@@ -3,6 +3,7 @@
 // queueing work only copies a record into the ring (blocking while it is
 // full) and events are counters under a mutex.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -28,12 +29,16 @@ class EventState {
 
   void complete(uint64_t n);
   void wait(uint64_t n);
+  // When the latest record completed (the stream thread's clock reading as it
+  // reached it); false while it has not.
+  bool completed_at(std::chrono::steady_clock::time_point& when);
 
  private:
   uint64_t recorded_ = 0;  // touched by the host thread only
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t completed_ = 0;
+  std::chrono::steady_clock::time_point completed_at_{};
 };
 
 struct Task {

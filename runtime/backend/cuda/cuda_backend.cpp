@@ -101,6 +101,8 @@ class CudaBackend final : public Backend {
   void event_record(Stream s, EventId e) override;
   void stream_wait(Stream s, EventId e) override;
   void event_sync(EventId e) override;
+  EventId event_create_timed() override { return create_event(cudaEventDefault); }
+  double event_elapsed(EventId from, EventId to) override;
 
   void copy_async(Stream s, void* dst, const void* src, size_t n) override;
   void launch(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args) override;
@@ -116,6 +118,7 @@ class CudaBackend final : public Backend {
   void bind() const { POOCH_CUDA_CHECK(cudaSetDevice(device_)); }
   int index(Stream s, const char* call) const;
   cudaEvent_t event(EventId e, const char* call) const;
+  EventId create_event(unsigned flags);
   void fail(int stream, pooch_status code, std::string message);
   void warn(const std::string& message) const;
   size_t arena_limit() const { return budget_ > cublas_ws_ ? budget_ - cublas_ws_ : 0; }
@@ -130,7 +133,7 @@ class CudaBackend final : public Backend {
   void* log_user_ = nullptr;
 
   bool arena_reserved_ = false;
-  std::byte* arena_ = nullptr;  // the one cudaMalloc: arena, then cuBLAS's workspace
+  std::byte* arena_ = nullptr;          // the one cudaMalloc: arena, then cuBLAS's workspace
   std::byte* cublas_ws_ptr_ = nullptr;  // that workspace, inside the same allocation
   size_t arena_bytes_ = 0;
   bool pool_reserved_ = false;
@@ -370,9 +373,13 @@ void CudaBackend::fail(int stream, pooch_status code, std::string message) {
 }
 
 EventId CudaBackend::event_create() {
+  return create_event(cudaEventDisableTiming);
+}
+
+EventId CudaBackend::create_event(unsigned flags) {
   bind();
   cudaEvent_t e = nullptr;
-  POOCH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  POOCH_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
   try {
     events_.push_back(e);
   } catch (...) {
@@ -406,8 +413,8 @@ void CudaBackend::stream_wait(Stream s, EventId e) {
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     fail(i, POOCH_ERR_INTERNAL,
-         fmt::format("cudaStreamWaitEvent(event {}) on the {} stream failed: {}", e,
-                     stream_name(i), cuda_error(err)));
+         fmt::format("cudaStreamWaitEvent(event {}) on the {} stream failed: {}", e, stream_name(i),
+                     cuda_error(err)));
   }
 }
 
@@ -422,6 +429,22 @@ void CudaBackend::event_sync(EventId e) {
                             "queued before the event's record failed",
                             e, cuda_error(err)));
   }
+}
+
+double CudaBackend::event_elapsed(EventId from, EventId to) {
+  const cudaEvent_t a = event(from, "event_elapsed"), b = event(to, "event_elapsed");
+  bind();
+  float ms = 0;
+  const cudaError_t err = cudaEventElapsedTime(&ms, a, b);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(err == cudaErrorNotReady ? POOCH_ERR_INVALID_ARG : POOCH_ERR_INTERNAL,
+                fmt::format("cuda backend: cudaEventElapsedTime(event {}, event {}) failed: {}; "
+                            "both must be timed events (event_create_timed) whose records "
+                            "completed",
+                            from, to, cuda_error(err)));
+  }
+  return ms * 1e-3;
 }
 
 void CudaBackend::copy_async(Stream s, void* dst, const void* src, size_t n) {
@@ -564,10 +587,12 @@ bool cuda_device_available(std::string* why, int device) {
       int runtime = 0;
       (void)cudaRuntimeGetVersion(&runtime);
       if (e == cudaErrorInsufficientDriver)
-        return no(fmt::format("no CUDA driver ({}): no NVIDIA driver is loaded, or it is older "
-                              "than this build's CUDA runtime {}.{} needs",
-                              cuda::cuda_error(e), runtime / 1000, runtime % 1000 / 10));
-      if (e == cudaErrorNoDevice) return no(fmt::format("no CUDA device ({})", cuda::cuda_error(e)));
+        return no(
+            fmt::format("no CUDA driver ({}): no NVIDIA driver is loaded, or it is older "
+                        "than this build's CUDA runtime {}.{} needs",
+                        cuda::cuda_error(e), runtime / 1000, runtime % 1000 / 10));
+      if (e == cudaErrorNoDevice)
+        return no(fmt::format("no CUDA device ({})", cuda::cuda_error(e)));
       return no(fmt::format("the CUDA runtime could not count devices ({})", cuda::cuda_error(e)));
     }
     if (count <= 0) return no("no CUDA device (the driver reports none)");
@@ -593,10 +618,10 @@ bool cuda_device_available(std::string* why, int device) {
     if (prev != device) (void)cudaSetDevice(prev);
     (void)cudaGetLastError();
     if (image == cudaErrorNoKernelImageForDevice || image == cudaErrorInvalidDeviceFunction)
-      return no(fmt::format("CUDA device {} ({}) is compute capability {}.{}, and this build has "
-                            "device code for sm {} only; rebuild with -Dcuda-arch={}{}",
-                            device, prop.name, prop.major, prop.minor, POOCH_CUDA_ARCHS,
-                            prop.major, prop.minor));
+      return no(fmt::format(
+          "CUDA device {} ({}) is compute capability {}.{}, and this build has "
+          "device code for sm {} only; rebuild with -Dcuda-arch={}{}",
+          device, prop.name, prop.major, prop.minor, POOCH_CUDA_ARCHS, prop.major, prop.minor));
     if (image != cudaSuccess)
       return no(fmt::format("CUDA device {} ({}) cannot run this build's kernels ({})", device,
                             prop.name, cuda::cuda_error(image)));

@@ -331,8 +331,11 @@ POOCH_API pooch_status pooch_session_plan_json(const pooch_session* s, char** js
 
 /* Profiles the train step: runs ONE REAL TRAINING STEP (the weights and the
  * optimizer state are updated) on the inputs set last, a launch at a time,
- * each launch and copy timed; the step is then planned again from the
- * measured times (pooch_session_plan_json shows the new plan). Returns JSON
+ * each launch and copy timed on the device's clock (CUDA events; the CPU
+ * backend's stream threads' clock); the step is then planned again from the
+ * measured times (pooch_session_plan_json shows the new plan). Each call adds
+ * a run: the times are each op's median over the last 5 calls, so calling it
+ * several times steadies the profile. Returns JSON
  * (free with pooch_string_free): "seconds" (the launches' sum), "step" (the
  * optimizer step counter after it), "ops": per graph node the step launches,
  * {"op", "node", "seconds", "flops", "bytes", "gflops"} (FLOPs and the bytes
