@@ -124,6 +124,7 @@ std::string resume_command(const std::string& ckpt) {
 
 void TrainFlags::resolve(bool bow) {
   if (epochs == kAuto) epochs = bow ? kBowEpochs : 10;
+  if (lr < 0) lr = bow ? kBowLr : 1e-3f;
   if (lr_schedule == "auto") lr_schedule = bow ? "cosine" : "constant";
   if (plateau_patience == kAuto) plateau_patience = bow ? 0 : 2;
   if (early_stop == kAuto) early_stop = bow ? 0 : 4;
@@ -180,9 +181,11 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
                   "64 for dense rows)")
       ->check(batch_range())
       ->group("Training");
-  app->add_option("--lr", f.lr, "Learning rate")
+  app->add_option("--lr", f.lr,
+                  "Learning rate (the peak of the cosine schedule; default: 0.002 for "
+                  "bag-of-words data, else 0.001)")
       ->check(lr_range())
-      ->capture_default_str()
+      ->default_str("auto")
       ->group("Training");
   app->add_option("--optimizer", f.optimizer, "adam, adamw or sgd")
       ->transform(one_of({"adam", "adamw", "sgd"}))

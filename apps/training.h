@@ -30,10 +30,11 @@ struct ModelFlags {
 };
 inline constexpr int64_t kBowHidden = 512;
 inline constexpr double kBowDropout = 0.3;
-inline constexpr int64_t kBowBatch = 32;
-inline constexpr int kBowEnsemble = 3;  // members of pooch-run train's ensemble (cmd_train.cpp)
-inline constexpr int kBowEpochs =
-    6;  // with the cosine schedule  // rows per step of a model from flags
+inline constexpr int64_t kBowBatch = 32;  // rows per step of a model from flags
+// The bag-of-words training defaults (TrainFlags::resolve, cmd_train.cpp):
+inline constexpr int kBowEnsemble = 3;  // members of pooch-run train's ensemble
+inline constexpr int kBowEpochs = 6;    // over which the cosine schedule decays
+inline constexpr float kBowLr = 2e-3f;  // the cosine schedule's peak
 // Below this many input x label weights (2^26: 256 MiB of f32, three times
 // that with Adam's moments) a set gets a dense output layer and the linear
 // skip path when the flags leave them to auto; above it, a fixed fan-in head
@@ -43,14 +44,14 @@ void add_model_flags(CLI::App* app, ModelFlags& f);
 
 // Flags left at kAuto ("auto") take the defaults of the data they train on
 // (resolve): for bag-of-words data what tuning on the Debtags validation split
-// chose (kBow*: a cosine schedule over kBowEpochs, no plateau or early
-// stopping), else 10 epochs at a constant rate with reduce-on-plateau and
-// early stopping.
+// chose (kBow*: a cosine schedule from kBowLr over kBowEpochs, no plateau or
+// early stopping), else 10 epochs at a constant rate of 0.001 with
+// reduce-on-plateau and early stopping.
 struct TrainFlags {
   static constexpr int kAuto = -1;
   int epochs = kAuto;
   int64_t batch = 0;  // 0: the spec's or model's (64 for a model from flags)
-  float lr = 1e-3f;
+  float lr = kAuto;
   std::string optimizer = "adam";
   float weight_decay = 0;
   int64_t warmup_steps = 0;

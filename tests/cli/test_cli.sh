@@ -568,6 +568,18 @@ expect ens-bottleneck 1 "$RUN" train --data data --ensemble 2 --bottleneck 8 --o
 contains ens-bottleneck-message ens-bottleneck.err 'ensemble: members merge into one model only'
 expect ens-resume 1 "$RUN" train --data data --ensemble 2 --resume ens.pooch --out x.pooch "${T[@]}"
 contains ens-resume-message ens-resume.err 'resume with --ensemble 2'
+# Left to auto, bag-of-words data with a dense output layer trains an
+# ensemble of 3; a fixed fan-in model stays one model (with a checkpoint).
+expect ens-default 0 "$RUN" train --data data --epochs 1 --hidden 8 --out ed.pooch --json "${T[@]}"
+contains ens-default-json ens-default.out '"ensemble":3'
+expect ens-default-ffi 0 "$RUN" train --data data --epochs 1 --hidden 8 --fan-in 4 --out ef.pooch \
+  --json "${T[@]}"
+if grep -q '"ensemble":' ens-default-ffi.out; then fail ens-default-ffi-one; else pass ens-default-ffi-one; fi
+[ -s ef.pooch.ckpt ] && pass ens-default-ffi-checkpoint || fail ens-default-ffi-checkpoint
+# The bag-of-words training defaults: 6 epochs, the cosine schedule down to 0.
+expect bow-defaults 0 "$RUN" train --data data --ensemble 1 --hidden 8 --out bd.pooch --json "${T[@]}"
+contains bow-defaults-epochs bow-defaults.out '"epoch":6,[^}]*"lr":0(\.0)?[,}]'
+if grep -q '"epoch":7,' bow-defaults.out; then fail bow-defaults-six; else pass bow-defaults-six; fi
 # The cosine schedule ends the run at --lr-min-ratio x --lr.
 expect cosine 0 "$RUN" train "${ENS[@]}" --ensemble 1 --lr 0.002 --lr-schedule cosine \
   --lr-min-ratio 0.25 --out cos.pooch --json "${T[@]}"
