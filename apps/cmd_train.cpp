@@ -24,34 +24,6 @@ struct TrainOpts {
   Output output{"train"};
 };
 
-// Reduce-on-plateau and early stopping decide on rows held out of the
-// training set (--valid-fraction, drawn by --seed: a resumed run holds out
-// the same rows), never on the test set; without either, nothing is held out
-// and the test set is evaluated after each epoch as a report. Exit code.
-int hold_out_validation(const TrainOpts& o, Data& data, Output& out) {
-  const bool decides = o.train.plateau_patience > 0 || o.train.early_stop > 0;
-  if (!decides || o.dense.valid_fraction <= 0 || !data.train.p) return kOk;
-  const Shape sh = shape_of(data.train.p);
-  const int64_t held =
-      std::max<int64_t>(1, std::llround(o.dense.valid_fraction * static_cast<double>(sh.rows)));
-  if (held >= sh.rows)
-    return out.fail(kBadInput, "--valid-fraction " + std::to_string(o.dense.valid_fraction) +
-                                   ": holding out " + std::to_string(held) + " of " +
-                                   data.train_source + "'s " + std::to_string(sh.rows) +
-                                   " rows leaves none to train on");
-  DatasetHandle rest, valid;
-  if (pooch_status st = pooch_dataset_split(data.train.p, held, o.train.seed, &rest.p, &valid.p))
-    return out.fail(st, "--valid-fraction");
-  std::swap(data.train.p, rest.p);  // `rest` frees the whole set
-  std::swap(data.valid.p, valid.p);
-  std::printf(
-      "validation: %lld of %lld training rows held out (--valid-fraction %g) for "
-      "reduce-on-plateau and early stopping\n",
-      static_cast<long long>(held), static_cast<long long>(sh.rows), o.dense.valid_fraction);
-  out.result()["valid"] = {{"rows", held}, {"fraction", o.dense.valid_fraction}};
-  return kOk;
-}
-
 // --ensemble, or where it is left to auto: kBowEnsemble members for the
 // models the tuning on Debtags chose it for (bag-of-words data, a model from
 // the flags with a dense output layer and no bottleneck), else one.
@@ -87,7 +59,7 @@ int run_train(TrainOpts& o) {
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   o.train.resolve(true);  // bag-of-words data from here on
-  if (int rc = hold_out_validation(o, data, out)) return rc;
+  if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
   ModelHandle model;
   const bool resume = !o.train.resume.empty();
   if (resume) {

@@ -447,6 +447,28 @@ int propensity(const TrainFlags& f, const std::string& data_name, float* a, floa
   return kOk;
 }
 
+int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output& out) {
+  const bool decides = f.plateau_patience > 0 || f.early_stop > 0;
+  if (!decides || fraction <= 0 || !data.train.p) return kOk;
+  const Shape sh = shape_of(data.train.p);
+  const int64_t held = std::max<int64_t>(1, std::llround(fraction * static_cast<double>(sh.rows)));
+  if (held >= sh.rows)
+    return out.fail(kBadInput, "--valid-fraction " + std::to_string(fraction) + ": holding out " +
+                                   std::to_string(held) + " of " + data.train_source + "'s " +
+                                   std::to_string(sh.rows) + " rows leaves none to train on");
+  DatasetHandle rest, valid;
+  if (pooch_status st = pooch_dataset_split(data.train.p, held, f.seed, &rest.p, &valid.p))
+    return out.fail(st, "--valid-fraction");
+  std::swap(data.train.p, rest.p);  // `rest` frees the whole set
+  std::swap(data.valid.p, valid.p);
+  std::printf(
+      "validation: %lld of %lld training rows held out (--valid-fraction %g) for "
+      "reduce-on-plateau and early stopping\n",
+      static_cast<long long>(held), static_cast<long long>(sh.rows), fraction);
+  out.result()["valid"] = {{"rows", held}, {"fraction", fraction}};
+  return kOk;
+}
+
 int run_training(pooch_model* model, bool resume, const Data& data, const TrainFlags& flags,
                  const DeviceFlags& dev, bool save, Output& out,
                  const std::function<int(pooch_session*)>& trained) {

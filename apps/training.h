@@ -106,6 +106,13 @@ int check_data_fits(const pooch_model* m, const pooch_dataset* ds, const std::st
 // Propensity A,B: from --propensity or the data set's name.
 int propensity(const TrainFlags& f, const std::string& data_name, float* a, float* b, Output& out);
 
+// Reduce-on-plateau and early stopping (f, resolved) decide on rows held out
+// of the training set: `fraction` of them, drawn by f.seed (a resumed run
+// holds out the same rows), moved from data.train to data.valid; never on
+// the test set. Without either, nothing is held out and the test set is
+// evaluated after each epoch as a report. Exit code.
+int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output& out);
+
 // Trains `model` (from a checkpoint with resume set: continues it). Saves the
 // final model to f.out unless `save` is false (then no checkpoint either).
 // `trained`, if set, sees the session once training has finished (an exit

@@ -591,6 +591,12 @@ expect valid-split 0 "$RUN" train --data data --epochs 2 --hidden 16 --ensemble 
 contains valid-split-said valid-split.out '^validation: [0-9]+ of [0-9]+ training rows held out'
 contains valid-split-json valid-split.out '"valid":\{"rows":[0-9]+,"fraction":0.25\}'
 contains valid-split-final valid-split.out '^test \(.*\), after the last epoch'
+# finetune keeps reduce-on-plateau and early stopping on by default: they
+# decide on held-out training rows too.
+expect finetune-valid 0 "$RUN" finetune --model m.pooch --data data --epochs 1 --out fv.pooch \
+  --json "${T[@]}"
+contains finetune-valid-said finetune-valid.out '^validation: [0-9]+ of [0-9]+ training rows held out'
+contains finetune-valid-final finetune-valid.out '^test \(.*\), after the last epoch'
 expect no-valid-split 0 "$RUN" train --data data --epochs 1 --hidden 16 --ensemble 1 \
   --plateau-patience 0 --early-stop 0 --out nv.pooch --json "${T[@]}"
 if grep -q '"valid":' no-valid-split.out; then fail no-valid-split-json; else pass no-valid-split-json; fi
