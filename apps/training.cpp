@@ -172,7 +172,7 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
   app->add_option("--epochs", f.epochs,
                   "Passes over the training set (default: " + std::to_string(kBowEpochs) +
-                      " for bag-of-words data, else 10)")
+                      " for train on bag-of-words data, else 10)")
       ->check(positive())
       ->default_str(f.epochs == TrainFlags::kAuto ? "auto" : std::to_string(f.epochs))
       ->group("Training");
@@ -183,7 +183,7 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->group("Training");
   app->add_option("--lr", f.lr,
                   "Learning rate (the peak of the cosine schedule; default: 0.002 for "
-                  "bag-of-words data, else 0.001)")
+                  "train on bag-of-words data, else 0.001)")
       ->check(lr_range())
       ->default_str("auto")
       ->group("Training");
@@ -201,8 +201,8 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->group("Training");
   app->add_option("--lr-schedule", f.lr_schedule,
                   "constant, or cosine: half a cosine from --lr down to --lr-min-ratio x --lr "
-                  "over the run's steps (after the warm-up); default: cosine for bag-of-words "
-                  "data, else constant")
+                  "over the run's steps (after the warm-up); default: cosine for train on "
+                  "bag-of-words data, else constant")
       ->transform(one_of({"constant", "cosine"}))
       ->capture_default_str()
       ->group("Training");
@@ -224,7 +224,7 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->group("Training");
   app->add_option("--plateau-patience", f.plateau_patience,
                   "Epochs without improvement before the learning rate is reduced (0: never; "
-                  "default: 0 for bag-of-words data, else 2)")
+                  "default: 0 for train on bag-of-words data, else 2)")
       ->check(non_negative())
       ->default_str("auto")
       ->group("Training");
@@ -233,8 +233,8 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->capture_default_str()
       ->group("Training");
   app->add_option("--early-stop", f.early_stop,
-                  "Epochs without improvement before stopping (0: never; default: 0 for "
-                  "bag-of-words data, else 4); on bag-of-words data it and "
+                  "Epochs without improvement before stopping (0: never; default: 0 for train "
+                  "on bag-of-words data, else 4); on bag-of-words data it and "
                   "--plateau-patience decide on rows held out of the training set "
                   "(--valid-fraction), never on --test")
       ->check(non_negative())
