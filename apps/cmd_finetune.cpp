@@ -15,6 +15,7 @@ struct FinetuneOpts {
   int64_t new_head = -1;  // -1: the data's label count when it differs; 0: keep
   DataFlags data;
   TrainFlags train;
+  double valid_fraction = 0.1;  // --valid-fraction
   DeviceFlags device;
   Output output{"finetune"};
 };
@@ -30,6 +31,8 @@ int run_finetune(FinetuneOpts& o) {
     return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
+  o.train.resolve(false);
+  if (int rc = hold_out_validation(o.train, o.valid_fraction, data, out)) return rc;
   ModelHandle model;
   const std::string path = resume ? o.train.resume : o.model;
   if (pooch_status st = pooch_model_load(path.c_str(), &model.p))
@@ -84,6 +87,13 @@ Command add_finetune(CLI::App& app) {
       ->check(non_negative());
   add_data_flags(c, o->data, DataUse::train);
   add_train_flags(c, o->train, true);
+  c->add_option("--valid-fraction", o->valid_fraction,
+                "The fraction of training rows held out and evaluated after each epoch when "
+                "--plateau-patience or --early-stop is on (they decide on these rows, never on "
+                "the --test set)")
+      ->check(CLI::Range(0.0, 0.9))
+      ->capture_default_str()
+      ->group("Training");
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_finetune(*o)); }};

@@ -1,10 +1,13 @@
 // pooch-run train: a new model (from --spec or the model flags) trained on a
 // data set, or a run continued from its checkpoint (--resume).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
 #include "commands.h"
 #include "dense.h"
+#include "ensemble.h"
 #include "training.h"
 
 namespace cli {
@@ -21,10 +24,25 @@ struct TrainOpts {
   Output output{"train"};
 };
 
+// --ensemble, or where it is left to auto: kBowEnsemble members for the
+// models the tuning on Debtags chose it for (bag-of-words data, a model from
+// the flags with a dense output layer and no bottleneck), else one.
+int ensemble_members(const TrainOpts& o, const Data& data) {
+  if (o.train.ensemble > 0) return o.train.ensemble;
+  const Shape a = shape_of(data.train.p);
+  const bool small = static_cast<double>(a.features) * static_cast<double>(a.labels) <
+                     static_cast<double>(kAutoDenseWeights);
+  const bool dense_head = o.model.fan_in == 0 || (o.model.fan_in == ModelFlags::kAuto && small);
+  const bool bow = data.train.p && !pooch_dataset_is_dense(data.train.p);
+  return o.model.spec.empty() && bow && dense_head && o.model.bottleneck == 0 ? kBowEnsemble : 1;
+}
+
 int run_train(TrainOpts& o) {
   Output& out = o.output;
-  if (!o.dense.targets.empty())
+  if (!o.dense.targets.empty()) {
+    o.train.resolve(false);
     return run_dense_train(o.data.dir, o.dense, o.model, o.train, o.device, o.app, out);
+  }
   if (is_npy_path(o.data.dir))
     return out.fail(kUsage, "--data " + o.data.dir +
                                 ": dense rows train an mlp model; give their targets with "
@@ -33,10 +51,15 @@ int run_train(TrainOpts& o) {
           {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
           out))
     return rc;
+  if (!o.train.resume.empty() && o.train.ensemble > 1)
+    return out.fail(kUsage, "--resume with --ensemble " + std::to_string(o.train.ensemble) +
+                                ": an ensemble writes no checkpoint to resume from; run it again");
   float psp_a = 0, psp_b = 0;  // checked before the data is loaded; set again for the run
   if (int rc = propensity(o.train, "", &psp_a, &psp_b, out)) return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
+  o.train.resolve(true);  // bag-of-words data from here on
+  if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
   ModelHandle model;
   const bool resume = !o.train.resume.empty();
   if (resume) {
@@ -49,9 +72,12 @@ int run_train(TrainOpts& o) {
                                      o.train.resume + ")");
     std::printf("resuming from %s\n", o.train.resume.c_str());
     out.result()["resumed_from"] = o.train.resume;
-  } else if (int rc = make_model(o.model, o.train, data.train.p, data.test.p, model, out,
-                                 data.train_source)) {
-    return rc;
+  } else {
+    const int members = ensemble_members(o, data);
+    if (members > 1) return run_ensemble_training(o.model, o.train, data, o.device, members, out);
+    if (int rc =
+            make_model(o.model, o.train, data.train.p, data.test.p, model, out, data.train_source))
+      return rc;
   }
   return run_training(model.p, resume, data, o.train, o.device, true, out);
 }
@@ -64,6 +90,14 @@ Command add_train(CLI::App& app) {
   add_data_flags(c, o->data, DataUse::train);
   add_model_flags(c, o->model);
   add_train_flags(c, o->train, true);
+  c->add_option("--ensemble", o->train.ensemble,
+                "Train this many models alike but for their seeds (--seed, --seed + 1, ...) and "
+                "write one model that averages their scores (default: " +
+                    std::to_string(kBowEnsemble) +
+                    " for a bag-of-words model from the flags with a dense output layer, else 1)")
+      ->check(in_range(1, 64, true))
+      ->default_str("auto")
+      ->group("Training");
   add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
   add_machine_flag(c, o->device);

@@ -24,6 +24,10 @@ void add_data_flags(CLI::App* app, DataFlags& f, DataUse use);
 
 struct Data {
   DatasetHandle train, test;
+  // Rows held out of the training set (pooch-run train --valid-fraction):
+  // evaluated after each epoch in place of the test set, which is then
+  // evaluated once, after the last epoch.
+  DatasetHandle valid;
   std::string name;  // the data set's name (the directory's), for propensities
   std::string train_source, test_source;
 };

@@ -409,7 +409,9 @@ void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f) {
                 "Image sets: flip each training image horizontally with probability 1/2")
       ->group("Dense data");
   app->add_option("--valid-fraction", f.valid_fraction,
-                  "Dense data: the fraction of rows held out and evaluated after each epoch")
+                  "The fraction of training rows held out and evaluated after each epoch (dense "
+                  "data; bag-of-words data: only when --plateau-patience or --early-stop is on, "
+                  "which then decide on these rows, never on the --test set)")
       ->check(CLI::Range(0.0, 0.9))
       ->capture_default_str()
       ->group("Dense data");

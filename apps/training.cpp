@@ -122,6 +122,14 @@ std::string resume_command(const std::string& ckpt) {
 
 }  // namespace
 
+void TrainFlags::resolve(bool bow) {
+  if (epochs == kAuto) epochs = bow ? kBowEpochs : 10;
+  if (lr < 0) lr = bow ? kBowLr : 1e-3f;
+  if (lr_schedule == "auto") lr_schedule = bow ? "cosine" : "constant";
+  if (plateau_patience == kAuto) plateau_patience = bow ? 0 : 2;
+  if (early_stop == kAuto) early_stop = bow ? 0 : 4;
+}
+
 void add_model_flags(CLI::App* app, ModelFlags& f) {
   app->add_option("--spec", f.spec,
                   "Model spec (JSON, docs/CLI.md); input width and labels default to the data's")
@@ -162,18 +170,22 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
 }
 
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
-  app->add_option("--epochs", f.epochs, "Passes over the training set")
+  app->add_option("--epochs", f.epochs,
+                  "Passes over the training set (default: " + std::to_string(kBowEpochs) +
+                      " for train on bag-of-words data, else 10)")
       ->check(positive())
-      ->capture_default_str()
+      ->default_str(f.epochs == TrainFlags::kAuto ? "auto" : std::to_string(f.epochs))
       ->group("Training");
   app->add_option("--batch", f.batch,
                   "Rows per step (default: the spec's or model's; from the model flags 32, "
                   "64 for dense rows)")
       ->check(batch_range())
       ->group("Training");
-  app->add_option("--lr", f.lr, "Learning rate")
+  app->add_option("--lr", f.lr,
+                  "Learning rate (the peak of the cosine schedule; default: 0.002 for "
+                  "train on bag-of-words data, else 0.001)")
       ->check(lr_range())
-      ->capture_default_str()
+      ->default_str("auto")
       ->group("Training");
   app->add_option("--optimizer", f.optimizer, "adam, adamw or sgd")
       ->transform(one_of({"adam", "adamw", "sgd"}))
@@ -185,6 +197,18 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->group("Training");
   app->add_option("--warmup-steps", f.warmup_steps, "Linear learning-rate warm-up steps")
       ->check(non_negative())
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--lr-schedule", f.lr_schedule,
+                  "constant, or cosine: half a cosine from --lr down to --lr-min-ratio x --lr "
+                  "over the run's steps (after the warm-up); default: cosine for train on "
+                  "bag-of-words data, else constant")
+      ->transform(one_of({"constant", "cosine"}))
+      ->capture_default_str()
+      ->group("Training");
+  app->add_option("--lr-min-ratio", f.lr_min_ratio,
+                  "Where the cosine schedule ends, as a share of --lr")
+      ->check(in_range(0, 1, false))
       ->capture_default_str()
       ->group("Training");
   app->add_option("--rewire-every", f.rewire_every,
@@ -199,18 +223,22 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->capture_default_str()
       ->group("Training");
   app->add_option("--plateau-patience", f.plateau_patience,
-                  "Epochs without improvement before the learning rate is reduced (0: never)")
+                  "Epochs without improvement before the learning rate is reduced (0: never; "
+                  "default: 0 for train on bag-of-words data, else 2)")
       ->check(non_negative())
-      ->capture_default_str()
+      ->default_str("auto")
       ->group("Training");
   app->add_option("--plateau-factor", f.plateau_factor, "Factor of each reduction")
       ->check(in_range(0, 1, false))
       ->capture_default_str()
       ->group("Training");
   app->add_option("--early-stop", f.early_stop,
-                  "Epochs without improvement (test P@3) before stopping (0: never)")
+                  "Epochs without improvement before stopping (0: never; default: 0 for train "
+                  "on bag-of-words data, else 4); on bag-of-words data it and "
+                  "--plateau-patience decide on rows held out of the training set "
+                  "(--valid-fraction), never on --test")
       ->check(non_negative())
-      ->capture_default_str()
+      ->default_str("auto")
       ->group("Training");
   f.seed_option =
       app->add_option("--seed", f.seed, "Seed of the weights, dropout, wiring and data order")
@@ -419,8 +447,33 @@ int propensity(const TrainFlags& f, const std::string& data_name, float* a, floa
   return kOk;
 }
 
-int run_training(pooch_model* model, bool resume, const Data& data, const TrainFlags& f,
-                 const DeviceFlags& dev, bool save, Output& out) {
+int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output& out) {
+  const bool decides = f.plateau_patience > 0 || f.early_stop > 0;
+  if (!decides || fraction <= 0 || !data.train.p) return kOk;
+  const Shape sh = shape_of(data.train.p);
+  const int64_t held = std::max<int64_t>(1, std::llround(fraction * static_cast<double>(sh.rows)));
+  if (held >= sh.rows)
+    return out.fail(kBadInput, "--valid-fraction " + std::to_string(fraction) + ": holding out " +
+                                   std::to_string(held) + " of " + data.train_source + "'s " +
+                                   std::to_string(sh.rows) + " rows leaves none to train on");
+  DatasetHandle rest, valid;
+  if (pooch_status st = pooch_dataset_split(data.train.p, held, f.seed, &rest.p, &valid.p))
+    return out.fail(st, "--valid-fraction");
+  std::swap(data.train.p, rest.p);  // `rest` frees the whole set
+  std::swap(data.valid.p, valid.p);
+  std::printf(
+      "validation: %lld of %lld training rows held out (--valid-fraction %g) for "
+      "reduce-on-plateau and early stopping\n",
+      static_cast<long long>(held), static_cast<long long>(sh.rows), fraction);
+  out.result()["valid"] = {{"rows", held}, {"fraction", fraction}};
+  return kOk;
+}
+
+int run_training(pooch_model* model, bool resume, const Data& data, const TrainFlags& flags,
+                 const DeviceFlags& dev, bool save, Output& out,
+                 const std::function<int(pooch_session*)>& trained) {
+  TrainFlags f = flags;
+  f.resolve(false);  // finetune and demo: the general defaults
   Json& res = out.result();
   if (int rc = check_data_fits(model, data.train.p, data.train_source, true, out)) return rc;
   if (int rc = check_data_fits(model, data.test.p, data.test_source, false, out)) return rc;
@@ -442,6 +495,8 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   pooch_train_default_params(&tp);
   tp.epochs = f.epochs;
   tp.warmup_steps = f.warmup_steps;
+  tp.lr_cosine = f.lr_schedule == "cosine" ? 1 : 0;
+  tp.lr_min_ratio = static_cast<float>(f.lr_min_ratio);
   tp.rewire_every = f.rewire_every;
   tp.rewire_fraction = static_cast<float>(f.rewire_fraction);
   tp.plateau_factor = f.plateau_factor;
@@ -479,14 +534,14 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   pooch_status st;
   {
     SigintGuard guard;
-    st = pooch_train(s.p, data.train.p, data.test.p, &tp);
+    st = pooch_train(s.p, data.train.p, data.valid.p ? data.valid.p : data.test.p, &tp);
   }
   progress.clear();
   const double secs = seconds_since(t0);
   res["epochs"] = state.epochs;
   res["steps"] = state.steps;
   res["seconds"] = secs;
-  if (!state.epochs.empty() && state.epochs.back().contains("eval"))
+  if (!state.epochs.empty() && state.epochs.back().contains("eval") && !data.valid.p)
     res["final"] = state.epochs.back()["eval"];
 
   if (st == POOCH_ERR_CANCELLED) {
@@ -509,6 +564,16 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     return out.fail(st, resume ? "training on " + data.train_source : std::string("training"));
   res["interrupted"] = false;
   std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
+  if (data.valid.p && data.test.p) {  // the epochs saw the held-out rows: the test set, once
+    pooch_metrics m{};
+    if (pooch_status st2 = pooch_evaluate(s.p, data.test.p, data.train.p, tp.psp_a, tp.psp_b, &m))
+      return out.fail(st2, "evaluating on " + data.test_source);
+    std::printf("test (%s), after the last epoch:\n", data.test_source.c_str());
+    print_metrics_table(m);
+    res["final"] = metrics_json(m);
+  }
+  if (trained)
+    if (int rc = trained(s.p)) return rc;
   if (save) {
     if (pooch_status st2 = pooch_session_save(s.p, f.out.c_str()))
       return out.fail(st2, "saving " + f.out);

@@ -2,6 +2,7 @@
 // training flags, and the run itself (session, pooch_train with progress,
 // the JSONL log, Ctrl-C, the checkpoint, the final model).
 #pragma once
+#include <functional>
 #include <string>
 
 #include "cli_common.h"
@@ -30,6 +31,10 @@ struct ModelFlags {
 inline constexpr int64_t kBowHidden = 512;
 inline constexpr double kBowDropout = 0.3;
 inline constexpr int64_t kBowBatch = 32;  // rows per step of a model from flags
+// The bag-of-words training defaults (TrainFlags::resolve, cmd_train.cpp):
+inline constexpr int kBowEnsemble = 3;  // members of pooch-run train's ensemble
+inline constexpr int kBowEpochs = 6;    // over which the cosine schedule decays
+inline constexpr float kBowLr = 2e-3f;  // the cosine schedule's peak
 // Below this many input x label weights (2^26: 256 MiB of f32, three times
 // that with Adam's moments) a set gets a dense output layer and the linear
 // skip path when the flags leave them to auto; above it, a fixed fan-in head
@@ -37,18 +42,27 @@ inline constexpr int64_t kBowBatch = 32;  // rows per step of a model from flags
 inline constexpr int64_t kAutoDenseWeights = int64_t{1} << 26;
 void add_model_flags(CLI::App* app, ModelFlags& f);
 
+// Flags left at kAuto ("auto") take the defaults of the data they train on
+// (resolve): for bag-of-words data what tuning on the Debtags validation split
+// chose (kBow*: a cosine schedule from kBowLr over kBowEpochs, no plateau or
+// early stopping), else 10 epochs at a constant rate of 0.001 with
+// reduce-on-plateau and early stopping.
 struct TrainFlags {
-  int epochs = 10;
+  static constexpr int kAuto = -1;
+  int epochs = kAuto;
   int64_t batch = 0;  // 0: the spec's or model's (64 for a model from flags)
-  float lr = 1e-3f;
+  float lr = kAuto;
   std::string optimizer = "adam";
   float weight_decay = 0;
   int64_t warmup_steps = 0;
+  std::string lr_schedule = "auto";  // constant or cosine (over the run's steps)
+  double lr_min_ratio = 0;           // where cosine ends, as a share of --lr
+  int ensemble = 0;  // --ensemble: models averaged into one (0: by the model family)
   int64_t rewire_every = 0;
   double rewire_fraction = 0.1;
-  int plateau_patience = 2;
+  int plateau_patience = kAuto;
   float plateau_factor = 0.5f;
-  int early_stop = 4;
+  int early_stop = kAuto;
   uint64_t seed = 1;
   CLI::Option* seed_option = nullptr;  // to tell a given --seed from the default
   std::string propensity;              // "A,B"
@@ -58,6 +72,10 @@ struct TrainFlags {
   bool force = false;  // --force: resume on data other than the checkpoint's
   std::string log;
   int64_t max_steps = 0;  // hidden: stop (as Ctrl-C does) after this many steps of the run
+
+  // Fills in what was left to auto: the bag-of-words defaults (`bow`) or the
+  // general ones. Idempotent; run_training resolves what is left with bow false.
+  void resolve(bool bow);
 };
 // `with_output`: --out/--checkpoint/--resume/--log (not for demo).
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output);
@@ -88,9 +106,19 @@ int check_data_fits(const pooch_model* m, const pooch_dataset* ds, const std::st
 // Propensity A,B: from --propensity or the data set's name.
 int propensity(const TrainFlags& f, const std::string& data_name, float* a, float* b, Output& out);
 
+// Reduce-on-plateau and early stopping (f, resolved) decide on rows held out
+// of the training set: `fraction` of them, drawn by f.seed (a resumed run
+// holds out the same rows), moved from data.train to data.valid; never on
+// the test set. Without either, nothing is held out and the test set is
+// evaluated after each epoch as a report. Exit code.
+int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output& out);
+
 // Trains `model` (from a checkpoint with resume set: continues it). Saves the
-// final model to f.out unless `save` is false. Exit code.
+// final model to f.out unless `save` is false (then no checkpoint either).
+// `trained`, if set, sees the session once training has finished (an exit
+// code: not kOk stops there). Exit code.
 int run_training(pooch_model* model, bool resume, const Data& data, const TrainFlags& f,
-                 const DeviceFlags& dev, bool save, Output& out);
+                 const DeviceFlags& dev, bool save, Output& out,
+                 const std::function<int(pooch_session*)>& trained = {});
 
 }  // namespace cli

@@ -37,4 +37,12 @@ struct PlantedParams {
 
 XmcDataset make_planted(const PlantedParams& p);
 
+// Rows `rows` of `d` (in that order) as a data set of the same width and labels.
+XmcDataset take_rows(const XmcDataset& d, const std::vector<int64_t>& rows);
+
+// `held_out` rows drawn at random (by `seed`) as `held`, the others as
+// `rest`; each keeps the rows' order in `d`.
+void split_rows(const XmcDataset& d, int64_t held_out, uint64_t seed, XmcDataset& rest,
+                XmcDataset& held);
+
 }  // namespace pooch

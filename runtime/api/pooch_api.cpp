@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -618,6 +618,13 @@ pooch_status pooch_session_read_tensor(const pooch_session* s, const char* name,
   });
 }
 
+pooch_status pooch_session_write_tensor(pooch_session* s, const char* name, const void* src,
+                                        size_t bytes) {
+  POOCH_REQUIRE_ARG(s && name && src,
+                    "pooch_session_write_tensor: session, name and src must not be NULL");
+  return guarded([&] { s->session().write_tensor(name, src, bytes); });
+}
+
 void pooch_planted_default_params(pooch_planted_params* p) {
   if (!p) return;
   std::memset(p, 0, sizeof(*p));
@@ -842,6 +849,22 @@ pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* path) {
   return guarded([&] { pooch::write_xmc_bow(path, ds->data); });
 }
 
+pooch_status pooch_dataset_split(const pooch_dataset* ds, int64_t held_out, uint64_t seed,
+                                 pooch_dataset** rest, pooch_dataset** held) {
+  POOCH_REQUIRE_ARG(ds && rest && held,
+                    "pooch_dataset_split: dataset, rest and held must not be NULL");
+  *rest = *held = nullptr;
+  POOCH_REQUIRE_ARG(held_out >= 0 && held_out <= ds->data.rows(),
+                    "pooch_dataset_split: held_out must be in [0, the data set's rows]");
+  return guarded([&] {
+    auto a = std::make_unique<pooch_dataset>();
+    auto b = std::make_unique<pooch_dataset>();
+    pooch::split_rows(ds->data, held_out, seed, a->data, b->data);
+    *rest = a.release();
+    *held = b.release();
+  });
+}
+
 int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size) {
   if (!ds || batch_size <= 0) return 0;
   const auto& rp = ds->data.row_ptr;
@@ -937,6 +960,12 @@ pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const poo
     pooch::TrainConfig c;
     c.epochs = p->epochs;
     c.warmup_steps = p->warmup_steps;
+    if (!(p->lr_min_ratio >= 0 && p->lr_min_ratio <= 1))
+      throw pooch::Error(
+          POOCH_ERR_INVALID_ARG,
+          fmt::format("pooch_train: lr_min_ratio must be in [0, 1]; got {}", p->lr_min_ratio));
+    c.cosine = p->lr_cosine != 0;
+    c.lr_min_ratio = p->lr_min_ratio;
     if (p->rewire_every < 0 || !(p->rewire_fraction >= 0 && p->rewire_fraction <= 1))
       throw pooch::Error(POOCH_ERR_INVALID_ARG,
                          fmt::format("pooch_train: rewire_every must be >= 0 and rewire_fraction "

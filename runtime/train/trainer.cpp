@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "../core/error.h"
+#include "lr_schedule.h"
 #include "model_io.h"
 #include "rewire.h"
 
@@ -38,7 +39,12 @@ std::vector<int64_t> epoch_order(int64_t rows, uint64_t seed, int64_t epoch, boo
   return order;
 }
 
-double lr_scale_at(const TrainConfig& cfg, const TrainerState& st, uint64_t step) {
+// `step`: the optimizer updates done so far; `total`: the run's updates.
+double lr_scale_at(const TrainConfig& cfg, const TrainerState& st, uint64_t step, uint64_t total) {
+  if (cfg.cosine)  // its warm-up included
+    return cosine_lr_scale(step + 1, static_cast<uint64_t>(std::max<int64_t>(0, cfg.warmup_steps)),
+                           total, cfg.lr_min_ratio) *
+           st.plateau_scale;
   double warm = 1.0;
   if (cfg.warmup_steps > 0)
     warm = std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps));
@@ -247,13 +253,14 @@ void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig&
 
   const int64_t rows = data.rows();
   const int64_t batches = (rows + batch - 1) / batch;
+  const auto total = static_cast<uint64_t>(std::max<int64_t>(0, cfg.epochs) * batches);
   for (; st.epoch < cfg.epochs && !st.finished; ++st.epoch, st.position = 0, st.loss_sum = 0) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int64_t> order = epoch_order(rows, cfg.data_seed, st.epoch, cfg.shuffle);
     for (; st.position < batches; ++st.position) {
       const int64_t first = st.position * batch;
       data.load(order, first, std::min(batch, rows - first));
-      s.set_lr_scale(lr_scale_at(cfg, st, s.optimizer_step()));
+      s.set_lr_scale(lr_scale_at(cfg, st, s.optimizer_step(), total));
       float loss;
       try {
         s.run(ProgramKind::train_step);
@@ -278,7 +285,7 @@ void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig&
     EpochReport rep;
     rep.epoch = st.epoch + 1;
     rep.train_loss = batches ? st.loss_sum / static_cast<double>(batches) : 0;
-    rep.lr = s.optimizer().lr * lr_scale_at(cfg, st, s.optimizer_step());
+    rep.lr = s.optimizer().lr * lr_scale_at(cfg, st, s.optimizer_step(), total);
     double score = -rep.train_loss;
     if (eval) {
       rep.eval = eval();

@@ -20,7 +20,12 @@ namespace pooch {
 
 struct TrainConfig {
   int epochs = 10;
-  int64_t warmup_steps = 0;     // linear warm-up of the learning rate over these steps
+  int64_t warmup_steps = 0;  // linear warm-up of the learning rate over these steps
+  // Cosine decay of the learning rate over the whole run (epochs x batches
+  // steps) down to lr_min_ratio of it (lr_schedule.h); reduce-on-plateau
+  // still multiplies in where it is on.
+  bool cosine = false;
+  double lr_min_ratio = 0;
   double plateau_factor = 0.5;  // multiply the learning rate by this ...
   int plateau_patience = 2;     // ... after this many epochs without improvement (0: never)
   int early_stop_patience = 4;  // stop after this many epochs without improvement (0: never)

@@ -69,7 +69,7 @@ expect synth-unknown 1 "$RUN" synth --preset nosuch --out data5
 contains synth-unknown-message synth-unknown.err "'nosuch' is not EURLex-4K, .* or Amazon-3M"
 
 # --- train ---------------------------------------------------------------------
-expect train 0 "$RUN" train --data data --epochs 2 --out m.pooch --log m.jsonl --json "${T[@]}"
+expect train 0 "$RUN" train --data data --ensemble 1 --epochs 2 --out m.pooch --log m.jsonl --json "${T[@]}"
 json_last train.out > train.json
 contains train-json train.json '^\{"command":"train".*"ok":true'
 contains train-json-epochs train.json '"epoch":2,'
@@ -393,15 +393,15 @@ contains mlp-sigint-message mlp-int.out '^interrupted at step [0-9]+'
 # --- interrupting and resuming ------------------------------------------------------
 # Uninterrupted reference run, then the same run stopped after 7 steps (as
 # Ctrl-C stops it) and resumed from its checkpoint: the models must be equal.
-expect ref 0 "$RUN" train --data data --epochs 3 --seed 7 --out ref.pooch "${T[@]}"
-expect stopped 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --max-steps 7 "${T[@]}"
+expect ref 0 "$RUN" train --data data --ensemble 1 --epochs 3 --seed 7 --out ref.pooch "${T[@]}"
+expect stopped 0 "$RUN" train --data data --ensemble 1 --epochs 3 --seed 7 --out res.pooch --max-steps 7 "${T[@]}"
 contains stopped-hint stopped.out '^resume with: pooch-run train .*--resume res\.pooch\.ckpt'
 [ ! -e res.pooch ] && pass stopped-no-model || fail stopped-no-model
-expect resumed 0 "$RUN" train --data data --epochs 3 --seed 7 --out res.pooch --resume res.pooch.ckpt "${T[@]}"
+expect resumed 0 "$RUN" train --data data --ensemble 1 --epochs 3 --seed 7 --out res.pooch --resume res.pooch.ckpt "${T[@]}"
 if cmp ref.pooch res.pooch; then pass resume-bit-exact; else fail resume-bit-exact; fi
 
 # Ctrl-C: SIGINT during a long run writes the checkpoint and exits with 130.
-"$RUN" train --data data --epochs 100000 --early-stop 0 --plateau-patience 0 --out int.pooch "${T[@]}" \
+"$RUN" train --data data --ensemble 1 --epochs 100000 --early-stop 0 --plateau-patience 0 --out int.pooch "${T[@]}" \
   > int.out 2> int.err &
 pid=$!
 for _ in $(seq 1 600); do
@@ -435,7 +435,7 @@ rc=$?
 contains sigint-message int.out '^interrupted at step [0-9]+'
 contains sigint-hint int.out '^resume with: .*--resume int\.pooch\.ckpt'
 [ -s int.pooch.ckpt ] && pass sigint-checkpoint || fail sigint-checkpoint
-expect sigint-resume 0 "$RUN" train --data data --epochs 1 --out int2.pooch --resume int.pooch.ckpt "${T[@]}"
+expect sigint-resume 0 "$RUN" train --data data --ensemble 1 --epochs 1 --out int2.pooch --resume int.pooch.ckpt "${T[@]}"
 
 # --- hostile input and limits (issue 12) ----------------------------------------------
 # Every numeric flag is range-checked before any work: exit 2 naming the flag
@@ -505,7 +505,7 @@ fi
 dead=$(sh -c 'echo $$')  # a process that has ended
 echo partial > "stale.pooch.ckpt.tmp-$dead-0"
 echo live > "stale.pooch.ckpt.tmp-$$-0"
-expect stale 0 "$RUN" train --data data --epochs 1 --out stale.pooch "${T[@]}"
+expect stale 0 "$RUN" train --data data --ensemble 1 --epochs 1 --out stale.pooch "${T[@]}"
 [ ! -e "stale.pooch.ckpt.tmp-$dead-0" ] && pass stale-removed || fail stale-removed
 [ -e "stale.pooch.ckpt.tmp-$$-0" ] && pass stale-live-kept || fail stale-live-kept
 contains stale-message stale.err "removed 1 temporary file of 'stale\.pooch\.ckpt' left by a process that no longer exists"
@@ -544,6 +544,68 @@ for lim in $ULIMITS; do
     tail -3 "ulimit-$lim.err"
   fi
 done
+
+# --- ensembles, the cosine schedule, the validation split -----------------------
+# --ensemble 2 writes one ordinary model, twice as wide, whose scores are the
+# mean of its members' scores: the two models trained alone with the same
+# seeds (member i has seed --seed + i) give, averaged, the ensemble's scores.
+ENS=(--data data --epochs 2 --hidden 16 --fan-in 0 --plateau-patience 0 --early-stop 0)
+NLAB=$(head -n 1 data/train.txt | cut -d' ' -f3)
+[ "$NLAB" -gt 1000 ] && NLAB=1000
+expect ens-train 0 "$RUN" train "${ENS[@]}" --ensemble 2 --seed 5 --out ens.pooch --json "${T[@]}"
+contains ens-json ens-train.out '"ensemble":2'
+contains ens-width ens-train.out '"type":"linear","width":32'
+contains ens-members ens-train.out '"members":\[\{.*"seed":5.*"seed":6'
+expect ens-m5 0 "$RUN" train "${ENS[@]}" --ensemble 1 --seed 5 --out m5.pooch "${T[@]}"
+expect ens-m6 0 "$RUN" train "${ENS[@]}" --ensemble 1 --seed 6 --out m6.pooch "${T[@]}"
+for m in ens m5 m6; do
+  expect "ens-predict-$m" 0 "$RUN" predict --model "$m.pooch" --input data/test.txt --k "$NLAB" \
+    --out "$m.pred" "${T[@]}"
+done
+# Each row: every label's ensemble score against the mean of the members' scores.
+if paste -d'|' ens.pred m5.pred m6.pred | awk -F'|' '
+    { n = split($1, e, " "); split($2, a, " "); split($3, b, " ")
+      delete s; for (i in a) { split(a[i], p, ":"); s[p[1]] = p[2] }
+      for (i in b) { split(b[i], p, ":"); s[p[1]] += p[2] }
+      for (i = 1; i <= n; i++) { split(e[i], p, ":"); d = p[2] - s[p[1]] / 2
+        if (d > 1e-3 || d < -1e-3) { print "row " NR " label " p[1] ": " p[2] " vs " s[p[1]] / 2; bad = 1; exit 1 } } }
+    END { exit bad }'; then pass ens-mean-of-members; else fail ens-mean-of-members; fi
+expect ens-bottleneck 1 "$RUN" train --data data --ensemble 2 --bottleneck 8 --out x.pooch "${T[@]}"
+contains ens-bottleneck-message ens-bottleneck.err 'ensemble: members merge into one model only'
+expect ens-resume 1 "$RUN" train --data data --ensemble 2 --resume ens.pooch --out x.pooch "${T[@]}"
+contains ens-resume-message ens-resume.err 'resume with --ensemble 2'
+# Left to auto, bag-of-words data with a dense output layer trains an
+# ensemble of 3; a fixed fan-in model stays one model (with a checkpoint).
+expect ens-default 0 "$RUN" train --data data --epochs 1 --hidden 8 --out ed.pooch --json "${T[@]}"
+contains ens-default-json ens-default.out '"ensemble":3'
+expect ens-default-ffi 0 "$RUN" train --data data --epochs 1 --hidden 8 --fan-in 4 --out ef.pooch \
+  --json "${T[@]}"
+if grep -q '"ensemble":' ens-default-ffi.out; then fail ens-default-ffi-one; else pass ens-default-ffi-one; fi
+[ -s ef.pooch.ckpt ] && pass ens-default-ffi-checkpoint || fail ens-default-ffi-checkpoint
+# The bag-of-words training defaults: 6 epochs, the cosine schedule down to 0.
+expect bow-defaults 0 "$RUN" train --data data --ensemble 1 --hidden 8 --out bd.pooch --json "${T[@]}"
+contains bow-defaults-epochs bow-defaults.out '"epoch":6,[^}]*"lr":0(\.0)?[,}]'
+if grep -q '"epoch":7,' bow-defaults.out; then fail bow-defaults-six; else pass bow-defaults-six; fi
+# The cosine schedule ends the run at --lr-min-ratio x --lr.
+expect cosine 0 "$RUN" train "${ENS[@]}" --ensemble 1 --lr 0.002 --lr-schedule cosine \
+  --lr-min-ratio 0.25 --out cos.pooch --json "${T[@]}"
+contains cosine-end cosine.out '"epoch":2,[^}]*"lr":0.0005[,}]'
+# Reduce-on-plateau and early stopping decide on rows held out of the
+# training set, never on the test set; the test set is evaluated once.
+expect valid-split 0 "$RUN" train --data data --epochs 2 --hidden 16 --ensemble 1 \
+  --plateau-patience 1 --valid-fraction 0.25 --out v.pooch --json "${T[@]}"
+contains valid-split-said valid-split.out '^validation: [0-9]+ of [0-9]+ training rows held out'
+contains valid-split-json valid-split.out '"valid":\{"rows":[0-9]+,"fraction":0.25\}'
+contains valid-split-final valid-split.out '^test \(.*\), after the last epoch'
+# finetune keeps reduce-on-plateau and early stopping on by default: they
+# decide on held-out training rows too.
+expect finetune-valid 0 "$RUN" finetune --model m.pooch --data data --epochs 1 --out fv.pooch \
+  --json "${T[@]}"
+contains finetune-valid-said finetune-valid.out '^validation: [0-9]+ of [0-9]+ training rows held out'
+contains finetune-valid-final finetune-valid.out '^test \(.*\), after the last epoch'
+expect no-valid-split 0 "$RUN" train --data data --epochs 1 --hidden 16 --ensemble 1 \
+  --plateau-patience 0 --early-stop 0 --out nv.pooch --json "${T[@]}"
+if grep -q '"valid":' no-valid-split.out; then fail no-valid-split-json; else pass no-valid-split-json; fi
 
 echo
 if [ $failures -gt 0 ]; then

@@ -29,7 +29,7 @@ fail() { echo "FAIL $1"; failures=$((failures + 1)); }
 # lands in or near a write (about 50 ms per epoch, 2 s in all). The plateau
 # schedule stays on (its state is part of what a checkpoint must carry);
 # early stopping is off so that every run is as long.
-FLAGS=(--data data --epochs 40 --early-stop 0 --hidden 32 --fan-in 8 --batch 32 --seed 7
+FLAGS=(--data data --epochs 40 --early-stop 0 --plateau-patience 2 --hidden 32 --fan-in 8 --batch 32 --seed 7
   --threads 1 --device cpu)
 "$RUN" synth --preset EURLex-4K --scale 0.1 --seed 3 --out data > synth.log 2>&1 ||
   { echo "FAIL synth"; cat synth.log; exit 1; }

@@ -1,7 +1,9 @@
 // The C API as an embedding application sees it: only pooch.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -291,4 +293,110 @@ TEST(Api, ProgressCallbackCanCancel) {
   EXPECT_EQ(s, nullptr);
   pooch_model_free(&m);
   pooch_dataset_free(&ds);
+}
+
+TEST(Api, DatasetSplitHoldsOutSeededRowsInOrder) {
+  Fixture f;
+  pooch_dataset *rest = nullptr, *held = nullptr;
+  ASSERT_EQ(pooch_dataset_split(f.ds, 40, 7, &rest, &held), POOCH_OK) << pooch_last_error();
+  int64_t rr = 0, hr = 0, feat = 0, lab = 0;
+  ASSERT_EQ(pooch_dataset_shape(rest, &rr, &feat, &lab), POOCH_OK);
+  ASSERT_EQ(pooch_dataset_shape(held, &hr, nullptr, nullptr), POOCH_OK);
+  EXPECT_EQ(rr, 216);
+  EXPECT_EQ(hr, 40);
+  EXPECT_EQ(feat, 200);
+  EXPECT_EQ(lab, 40);
+  // Every row of the set lands in exactly one part, each part in the set's order.
+  const auto row_of = [](const pooch_dataset* d, int64_t r) {
+    pooch_batch b{};
+    EXPECT_EQ(pooch_dataset_batch(d, r, 1, &b), POOCH_OK);
+    std::vector<float> v;
+    for (int64_t i = b.row_ptr[0]; i < b.row_ptr[1]; ++i) {
+      v.push_back(static_cast<float>(b.col[i]));
+      v.push_back(b.val[i]);
+    }
+    for (int64_t i = b.label_ptr[0]; i < b.label_ptr[1]; ++i)
+      v.push_back(static_cast<float>(-1 - b.label[i]));
+    return v;
+  };
+  int64_t a = 0, h = 0;
+  for (int64_t r = 0; r < 256; ++r) {
+    const auto v = row_of(f.ds, r);
+    if (a < rr && row_of(rest, a) == v)
+      ++a;
+    else if (h < hr && row_of(held, h) == v)
+      ++h;
+    else
+      ADD_FAILURE() << "row " << r << " is in neither part, or out of order";
+  }
+  EXPECT_EQ(a, rr);
+  EXPECT_EQ(h, hr);
+  // The same seed holds out the same rows; another seed other rows.
+  pooch_dataset *rest2 = nullptr, *held2 = nullptr, *rest3 = nullptr, *held3 = nullptr;
+  ASSERT_EQ(pooch_dataset_split(f.ds, 40, 7, &rest2, &held2), POOCH_OK);
+  ASSERT_EQ(pooch_dataset_split(f.ds, 40, 8, &rest3, &held3), POOCH_OK);
+  bool same7 = true, same8 = true;
+  for (int64_t r = 0; r < 40; ++r) {
+    same7 = same7 && row_of(held, r) == row_of(held2, r);
+    same8 = same8 && row_of(held, r) == row_of(held3, r);
+  }
+  EXPECT_TRUE(same7);
+  EXPECT_FALSE(same8);
+  pooch_dataset *x = nullptr, *y = nullptr;
+  EXPECT_EQ(pooch_dataset_split(f.ds, 257, 7, &x, &y), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("held_out"), std::string::npos);
+  EXPECT_EQ(x, nullptr);
+  for (pooch_dataset** d : {&rest, &held, &rest2, &held2, &rest3, &held3}) pooch_dataset_free(d);
+}
+
+TEST(Api, WriteTensorReplacesAWeight) {
+  Fixture f;
+  ASSERT_EQ(f.status, POOCH_OK) << pooch_last_error();
+  std::vector<float> bias(40);
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.25f * static_cast<float>(i);
+  ASSERT_EQ(pooch_session_write_tensor(f.sess, "head.bias", bias.data(), bias.size() * 4), POOCH_OK)
+      << pooch_last_error();
+  std::vector<float> back(40);
+  size_t bytes = back.size() * 4;
+  ASSERT_EQ(pooch_session_read_tensor(f.sess, "head.bias", back.data(), &bytes), POOCH_OK);
+  EXPECT_EQ(back, bias);
+  EXPECT_EQ(pooch_session_write_tensor(f.sess, "head.bias", bias.data(), 4), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("160 bytes"), std::string::npos)
+      << pooch_last_error();
+  EXPECT_EQ(pooch_session_write_tensor(f.sess, "nope", bias.data(), 4), POOCH_ERR_INVALID_ARG);
+}
+
+namespace {
+std::vector<double> g_epoch_lr;
+void record_lr(void*, const pooch_epoch_report* r) {
+  g_epoch_lr.push_back(r->learning_rate);
+}
+}  // namespace
+
+TEST(Api, CosineScheduleDecaysTheRateOverTheRun) {
+  Fixture f;  // 256 rows, batch 16: 16 steps an epoch
+  ASSERT_EQ(f.status, POOCH_OK) << pooch_last_error();
+  pooch_train_params tp;
+  pooch_train_default_params(&tp);
+  EXPECT_EQ(tp.lr_cosine, 0);
+  tp.epochs = 4;
+  tp.plateau_patience = 0;
+  tp.early_stop_patience = 0;
+  tp.lr_cosine = 1;
+  tp.lr_min_ratio = 0.1f;
+  tp.on_epoch = record_lr;
+  g_epoch_lr.clear();
+  ASSERT_EQ(pooch_train(f.sess, f.ds, nullptr, &tp), POOCH_OK) << pooch_last_error();
+  ASSERT_EQ(g_epoch_lr.size(), 4u);
+  // The rate the next step would use: step 16e + 1 of 64 on half a cosine
+  // from 1e-3 (the default rate) down to 1e-4.
+  for (int e = 1; e <= 4; ++e) {
+    const double t = (16.0 * e) / 63.0;
+    const double want =
+        1e-3 * (0.1 + 0.9 * 0.5 * (1 + std::cos(3.14159265358979323846 * std::min(t, 1.0))));
+    EXPECT_NEAR(g_epoch_lr[e - 1], want, 1e-9) << "epoch " << e;
+  }
+  tp.lr_min_ratio = 2;
+  EXPECT_EQ(pooch_train(f.sess, f.ds, nullptr, &tp), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("lr_min_ratio"), std::string::npos);
 }

@@ -350,6 +350,12 @@ POOCH_API pooch_status pooch_session_save(const pooch_session* s, const char* pa
  * size; pass dst NULL to ask for it). */
 POOCH_API pooch_status pooch_session_read_tensor(const pooch_session* s, const char* name,
                                                  void* dst, size_t* bytes);
+/* Copies `bytes` bytes from src into the weight or optimizer-state tensor
+ * `name`; `bytes` must be exactly its size (pooch_session_read_tensor with
+ * dst NULL tells it). What pooch_session_save writes next includes it (e.g.
+ * weights merged from several trained sessions into one model). */
+POOCH_API pooch_status pooch_session_write_tensor(pooch_session* s, const char* name,
+                                                  const void* src, size_t bytes);
 
 /* ---------------------------------------------------------------------- */
 /* Data sets                                                              */
@@ -389,6 +395,13 @@ POOCH_API pooch_status pooch_dataset_load_split(const char* features_path, const
                                                 pooch_dataset** out);
 /* Writes a data set in the bag-of-words format, atomically. */
 POOCH_API pooch_status pooch_dataset_save(const pooch_dataset* ds, const char* path);
+/* Splits `ds` in two: `held_out` rows drawn at random by `seed` (the same
+ * rows on every machine) into *held, the others into *rest, each keeping the
+ * rows' order in ds (e.g. a validation part of a training set). held_out must
+ * be in [0, rows]. Free both with pooch_dataset_free. */
+POOCH_API pooch_status pooch_dataset_split(const pooch_dataset* ds, int64_t held_out,
+                                           uint64_t seed, pooch_dataset** rest,
+                                           pooch_dataset** held);
 /* The most nonzeros any `batch_size` rows of `ds` hold together (the sum of
  * the largest row lengths): the max_nnz a model needs to take any batch of it,
  * shuffled or not (pooch_model_set_run_shape). */
@@ -489,7 +502,13 @@ typedef struct pooch_train_params {
    * "train.data.fingerprint"); 1 allows it, and the run goes on with the new
    * data (default 0). */
   int allow_other_data;
-  uint8_t reserved[48]; /* zero: room for new fields (see the top of this file) */
+  /* 1: the learning rate follows half a cosine over the run (epochs x
+   * batches updates, after the warm-up) from the session's rate down to
+   * lr_min_ratio times it; 0 (the default): constant. Reduce-on-plateau still
+   * multiplies in where it is on. */
+  int lr_cosine;
+  float lr_min_ratio;   /* default 0 */
+  uint8_t reserved[40]; /* zero: room for new fields (see the top of this file) */
 } pooch_train_params;
 
 POOCH_API void pooch_train_default_params(pooch_train_params* p);
