@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "dense.h"
 #include "training.h"
 
 namespace cli {
@@ -16,11 +17,18 @@ struct FinetuneOpts {
   DataFlags data;
   TrainFlags train;
   DeviceFlags device;
+  DenseTrainFlags dense;
+  const CLI::App* app = nullptr;
   Output output{"finetune"};
 };
 
 int run_finetune(FinetuneOpts& o) {
   Output& out = o.output;
+  if (!o.dense.targets.empty()) {
+    if (o.model.empty()) return out.fail(kUsage, "finetune: --model is required");
+    return run_dense_finetune(o.model, o.new_head, o.data.dir, o.dense, o.train, o.device, o.app,
+                              out);
+  }
   const bool resume = !o.train.resume.empty();
   if (o.model.empty() && !resume)
     return out.fail(kUsage, "finetune: --model is required (or --resume CKPT)");
@@ -84,8 +92,10 @@ Command add_finetune(CLI::App& app) {
       ->check(non_negative());
   add_data_flags(c, o->data, DataUse::train);
   add_train_flags(c, o->train, true);
+  add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
+  o->app = c;
   return {c, [o] { return o->output.finish(run_finetune(*o)); }};
 }
 

@@ -423,22 +423,15 @@ bool is_dense_model(const pooch_model* model) {
   return std::strcmp(pooch_model_family(model), "xmc") != 0 && dense_io(model).x;
 }
 
-int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const ModelFlags& mf,
-                    const TrainFlags& tf, const DeviceFlags& dev, const CLI::App* app,
-                    Output& out) {
-  Json& res = out.result();
-  if (int rc = refuse_xmc_flags(app, out)) return rc;
-  if (x_path.empty()) return out.fail(kUsage, "--targets: give the features with --data X.npy");
-  if (int rc = check_output_paths({{"--out", tf.out}, {"--log", tf.log}}, out)) return rc;
-  DenseData d;
-  if (int rc = load_dense(x_path, "--data", df.targets, "--targets", false, d, out)) return rc;
-  res["train"] = data_json(d);
+namespace {
 
-  ModelHandle model;
-  if (int rc = make_dense_model(mf, tf, d, model, out)) return rc;
+// Trains `model` on `d` (a new model or one being finetuned) and saves it
+// to tf.out: the held-out split, the epochs, the log. Exit code.
+int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, const TrainFlags& tf,
+                const DeviceFlags& dev, const std::string& name, Output& out) {
+  Json& res = out.result();
   prepare_images(model.p, d);
   const DenseIo io = dense_io(model.p);
-  const std::string name = "the model";
   if (!io.x || !io.prediction || !io.loss)
     return out.fail(kBadInput, std::string("model: a ") + pooch_model_family(model.p) +
                                    " model without batch.x, prediction and loss cannot train "
@@ -605,6 +598,60 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
       stopped ? " (as trained so far; dense models have no checkpoint to resume from)" : "");
   res["out"] = tf.out;
   return by_signal ? kInterrupted : kOk;
+}
+
+}  // namespace
+
+int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const ModelFlags& mf,
+                    const TrainFlags& tf, const DeviceFlags& dev, const CLI::App* app,
+                    Output& out) {
+  if (int rc = refuse_xmc_flags(app, out)) return rc;
+  if (x_path.empty()) return out.fail(kUsage, "--targets: give the features with --data X.npy");
+  if (int rc = check_output_paths({{"--out", tf.out}, {"--log", tf.log}}, out)) return rc;
+  DenseData d;
+  if (int rc = load_dense(x_path, "--data", df.targets, "--targets", false, d, out)) return rc;
+  out.result()["train"] = data_json(d);
+  ModelHandle model;
+  if (int rc = make_dense_model(mf, tf, d, model, out)) return rc;
+  return train_dense(model, d, df, tf, dev, "the model", out);
+}
+
+int run_dense_finetune(const std::string& model_path, int64_t new_head, const std::string& x_path,
+                       const DenseTrainFlags& df, const TrainFlags& tf, const DeviceFlags& dev,
+                       const CLI::App* app, Output& out) {
+  if (int rc = refuse_xmc_flags(app, out)) return rc;
+  if (x_path.empty()) return out.fail(kUsage, "--targets: give the features with --data X.npy");
+  if (int rc = check_output_paths({{"--out", tf.out}, {"--log", tf.log}}, out)) return rc;
+  DenseData d;
+  if (int rc = load_dense(x_path, "--data", df.targets, "--targets", false, d, out)) return rc;
+  out.result()["train"] = data_json(d);
+  ModelHandle model;
+  if (pooch_status st = pooch_model_load(model_path.c_str(), &model.p))
+    return out.fail(st, "--model " + model_path);
+  out.result()["model"] = model_path;
+  if (!is_dense_model(model.p))
+    return out.fail(kBadInput, "--model: " + model_path + " is a " + pooch_model_family(model.p) +
+                                   " model; --data X.npy --targets Y.npy finetunes a model that "
+                                   "takes batch.x (mlp, resnet, vgg)");
+  const int64_t had = dense_io(model.p).outputs;
+  // -1: the data's class count when it differs from the model's; 0: keep.
+  int64_t head = new_head;
+  if (head < 0) head = d.classes && d.outputs != had ? d.outputs : 0;
+  if (head > 0) {
+    if (d.classes && head < d.outputs)
+      return out.fail(kBadInput, "finetune: --new-head " + std::to_string(head) +
+                                     " is fewer classes than --targets " + d.y_path + " has (" +
+                                     std::to_string(d.outputs) + ")");
+    if (pooch_status st = pooch_model_replace_head(model.p, head))
+      return out.fail(st, "replacing the output layer");
+    std::printf("new output layer: %lld classes (was %lld); every other weight kept\n",
+                static_cast<long long>(head), static_cast<long long>(had));
+    out.result()["new_head"] = head;
+  }
+  if (tf.batch > 0)
+    if (pooch_status st = pooch_model_set_run_shape(model.p, tf.batch, 0, 0))
+      return out.fail(st, "--batch");
+  return train_dense(model, d, df, tf, dev, model_path, out);
 }
 
 int run_dense_profile(const std::string& model_path, const ModelFlags& mf, const TrainFlags& tf,

@@ -50,6 +50,14 @@ void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f);
 int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const ModelFlags& mf,
                     const TrainFlags& tf, const DeviceFlags& dev, const CLI::App* app, Output& out);
 
+// pooch-run finetune --model M --data X.npy --targets Y.npy [--new-head L]:
+// the model (its weights, not its optimizer state) trained further; with a
+// new head (L > 0, or -1 and the data's class count differs from the
+// model's) its output layer is replaced by a fresh one over L classes.
+int run_dense_finetune(const std::string& model_path, int64_t new_head, const std::string& x_path,
+                       const DenseTrainFlags& df, const TrainFlags& tf, const DeviceFlags& dev,
+                       const CLI::App* app, Output& out);
+
 // pooch-run eval --model M --data X.npy --targets Y.npy: mean loss (and
 // accuracy for classification).
 int run_dense_eval(pooch_model* model, const std::string& model_path, const std::string& x_path,
