@@ -40,6 +40,7 @@ struct DenseTrainFlags {
   std::string targets;          // --targets Y.npy (selects the dense path)
   double valid_fraction = 0.1;  // --valid-fraction
   Augment augment;              // --crop-pad, --flip (image sets)
+  bool no_prefetch = false;     // image sets: batch i+1 is prepared during step i unless set
 };
 
 // --targets and --valid-fraction.

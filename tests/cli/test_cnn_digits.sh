@@ -82,6 +82,15 @@ for k in 1 2; do
 done
 if cmp -s aug1.pooch aug2.pooch; then pass "augmented runs with one seed are identical"; else
   fail "augmented runs with one seed differ"; fi
+# The next batch is augmented on a thread during the step: the same bits as
+# preparing each batch in place (--no-prefetch).
+expect augment_inline 0 "$RUN" train "${TRAIN[@]}" --spec "$DATA/resnet_digits.json" \
+  --epochs 1 --max-steps 5 --batch 16 --seed 5 --crop-pad 1 --flip --no-prefetch \
+  --out aug3.pooch "${T[@]}" --json
+if cmp -s aug1.pooch aug3.pooch; then pass "prefetched and in-place augmentation are identical"
+else fail "prefetched and in-place augmentation differ"; fi
+contains "--no-prefetch reported" augment_inline.out '"prefetch": ?false'
+
 # Finetuning with a new head: the trained network's body under a fresh
 # output layer over 12 classes (shapes unlike the file's 10), trained for
 # one epoch, against one epoch from scratch: the kept body
