@@ -50,6 +50,8 @@ contains "vgg's batch normalisation from the names" import_vgg11bn_tiny.out '"ba
 
 expect info 0 "$RUN" info resnet18_tiny.pooch
 contains "info: a resnet" info.out 'resnet'
+contains "info: the images" info.out 'input +3x224x224 images'
+contains "info: the depth" info.out 'depth +18'
 
 expect normalize 0 "$RUN" import --from "$GOLD/resnet18_tiny.safetensors" --normalize imagenet \
   --image-size 64 --batch 4 --out n.pooch --json
