@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "dense.h"
 #include "training.h"
 
 namespace cli {
@@ -17,11 +18,18 @@ struct FinetuneOpts {
   TrainFlags train;
   double valid_fraction = 0.1;  // --valid-fraction
   DeviceFlags device;
+  DenseTrainFlags dense;
+  const CLI::App* app = nullptr;
   Output output{"finetune"};
 };
 
 int run_finetune(FinetuneOpts& o) {
   Output& out = o.output;
+  if (!o.dense.targets.empty()) {
+    if (o.model.empty()) return out.fail(kUsage, "finetune: --model is required");
+    return run_dense_finetune(o.model, o.new_head, o.data.dir, o.dense, o.train, o.device, o.app,
+                              out);
+  }
   const bool resume = !o.train.resume.empty();
   if (o.model.empty() && !resume)
     return out.fail(kUsage, "finetune: --model is required (or --resume CKPT)");
@@ -94,8 +102,10 @@ Command add_finetune(CLI::App& app) {
       ->check(CLI::Range(0.0, 0.9))
       ->capture_default_str()
       ->group("Training");
+  add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
+  o->app = c;
   return {c, [o] { return o->output.finish(run_finetune(*o)); }};
 }
 

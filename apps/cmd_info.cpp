@@ -85,10 +85,17 @@ void print_spec(const Json& spec) {
   std::printf("\nmodel spec\n");
   std::vector<std::vector<std::string>> rows;
   if (spec.contains("family")) rows.push_back({"family", str(spec["family"])});
-  if (spec.contains("input") && spec["input"].is_object())
+  if (spec.contains("input") && spec["input"].is_object() && spec["input"].contains("channels"))
+    // A convolutional family's images: C x H x W.
+    rows.push_back({"input", str(spec["input"]["channels"]) + "x" +
+                                 str(spec["input"].value("height", Json(0))) + "x" +
+                                 str(spec["input"].value("width", Json(0))) + " images"});
+  else if (spec.contains("input") && spec["input"].is_object())
     rows.push_back({"input", str(spec["input"].value("kind", Json("sparse"))) + ", " +
                                  str(spec["input"].value("width", Json(0))) + " features"});
   if (spec.contains("labels")) rows.push_back({"labels", str(spec["labels"])});
+  for (const char* k : {"depth", "classes", "width", "stem", "batchnorm", "hidden", "dropout"})
+    if (spec.contains(k)) rows.push_back({k, str(spec[k])});
   if (spec.contains("layers") && spec["layers"].is_array()) {
     for (size_t i = 0; i < spec["layers"].size(); ++i) {
       const Json& l = spec["layers"][i];

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "npy.h"
 #include "progress.h"
@@ -107,49 +108,62 @@ int check_targets(const DenseIo& io, const DenseData& d, const std::string& mode
   return kOk;
 }
 
-// Runs batches of rows of a dense data set through a session.
+// Runs batches of rows of a dense data set through a session. A batch is
+// prepared on the host (rows copied, training images augmented) into one of
+// two buffers; prefetch() prepares the next batch on a thread of its own
+// while the session runs the current one, so augmentation overlaps the step.
+// The draws depend on (seed, epoch, row) alone: a prefetched batch holds the
+// same bits as one staged in place.
 class Batches {
  public:
-  Batches(pooch_session* s, const DenseData& d, const DenseIo& io)
-      : s_(s), d_(d), io_(io), x_(static_cast<size_t>(io.rows * io.width)) {
-    if (d.has_y && d.classes)
-      c_.resize(static_cast<size_t>(io.rows));
-    else if (d.has_y)
-      y_.resize(static_cast<size_t>(io.rows * d.outputs));
+  Batches(pooch_session* s, const DenseData& d, const DenseIo& io) : s_(s), d_(d), io_(io) {
+    for (Host& b : buf_) {
+      b.x.resize(static_cast<size_t>(io.rows * io.width));
+      if (d.has_y && d.classes)
+        b.c.resize(static_cast<size_t>(io.rows));
+      else if (d.has_y)
+        b.y.resize(static_cast<size_t>(io.rows * d.outputs));
+    }
     if (io.prediction) p_.resize(io.prediction_bytes / sizeof(float));
   }
+  ~Batches() { drop_prefetch(); }
+  Batches(const Batches&) = delete;
+  Batches& operator=(const Batches&) = delete;
 
   // Sets the inputs to rows idx[0..n) (n <= the planned rows), with their
   // targets when `targets`. Returns the status of the first failing call.
   pooch_status stage(const int64_t* idx, int64_t n, bool targets) {
-    const auto w = static_cast<size_t>(io_.width);
-    for (int64_t i = 0; i < n; ++i) {
-      float* row = x_.data() + static_cast<size_t>(i) * w;
-      std::memcpy(row, d_.x.data() + static_cast<size_t>(idx[i]) * w, w * sizeof(float));
-      if (epoch_ > 0)
-        augment_image(row, d_.image, augment_, seed_, epoch_, static_cast<uint64_t>(idx[i]),
-                      scratch_);
-    }
-    if (pooch_status st =
-            pooch_session_set_input(s_, kX, x_.data(), static_cast<size_t>(n) * w * sizeof(float)))
-      return st;
-    if (!targets) return POOCH_OK;
-    if (d_.classes) {
-      for (int64_t i = 0; i < n; ++i)
-        c_[static_cast<size_t>(i)] = d_.cls[static_cast<size_t>(idx[i])];
-      return pooch_session_set_input(s_, kClass, c_.data(),
-                                     static_cast<size_t>(n) * sizeof(int32_t));
-    }
-    const auto o = static_cast<size_t>(d_.outputs);
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(y_.data() + static_cast<size_t>(i) * o,
-                  d_.y.data() + static_cast<size_t>(idx[i]) * o, o * sizeof(float));
-    return pooch_session_set_input(s_, kY, y_.data(), static_cast<size_t>(n) * o * sizeof(float));
+    drop_prefetch();
+    const auto t0 = std::chrono::steady_clock::now();
+    fill(buf_[cur_], idx, n, targets);
+    wait_seconds_ += seconds_since(t0);  // nothing hid this preparation
+    return submit(buf_[cur_], n, targets);
+  }
+
+  // Starts preparing rows idx[0..n) in the other buffer on a thread; the
+  // next stage_prefetched() sets them. `idx` must stay valid until then.
+  void prefetch(const int64_t* idx, int64_t n, bool targets) {
+    drop_prefetch();
+    Host& b = buf_[1 - cur_];
+    pending_ = std::thread([this, &b, idx, n, targets] { fill(b, idx, n, targets); });
+    pending_n_ = n;
+    pending_targets_ = targets;
+  }
+  bool prefetched() const { return pending_.joinable(); }
+
+  // Waits for the prefetched batch and sets it as the inputs.
+  pooch_status stage_prefetched() {
+    const auto t0 = std::chrono::steady_clock::now();
+    pending_.join();
+    wait_seconds_ += seconds_since(t0);
+    cur_ = 1 - cur_;
+    return submit(buf_[cur_], pending_n_, pending_targets_);
   }
 
   // Training images staged from now on are augmented with the draws of
   // (seed, epoch, row); epoch 0 stages them as they are (evaluation).
   void set_augment(const Augment& a, uint64_t seed, uint64_t epoch) {
+    drop_prefetch();  // a pending batch was drawn with the old settings
     augment_ = a;
     seed_ = seed;
     epoch_ = d_.image.c && a.enabled() ? epoch : 0;
@@ -167,15 +181,69 @@ class Batches {
     return pooch_session_get_output(s_, kPrediction, p_.data(), p_.size() * sizeof(float));
   }
 
+  // Seconds spent preparing batches in all (on either thread), and of them
+  // the seconds the caller waited (the part no step hid).
+  double prepare_seconds() const { return prepare_seconds_; }
+  double wait_seconds() const { return wait_seconds_; }
+
  private:
+  struct Host {
+    std::vector<float> x, y, scratch;
+    std::vector<int32_t> c;
+  };
+
+  // Host work alone (no session call): safe on the prefetch thread.
+  void fill(Host& b, const int64_t* idx, int64_t n, bool targets) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto w = static_cast<size_t>(io_.width);
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = b.x.data() + static_cast<size_t>(i) * w;
+      std::memcpy(row, d_.x.data() + static_cast<size_t>(idx[i]) * w, w * sizeof(float));
+      if (epoch_ > 0)
+        augment_image(row, d_.image, augment_, seed_, epoch_, static_cast<uint64_t>(idx[i]),
+                      b.scratch);
+    }
+    if (targets && d_.classes) {
+      for (int64_t i = 0; i < n; ++i)
+        b.c[static_cast<size_t>(i)] = d_.cls[static_cast<size_t>(idx[i])];
+    } else if (targets) {
+      const auto o = static_cast<size_t>(d_.outputs);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(b.y.data() + static_cast<size_t>(i) * o,
+                    d_.y.data() + static_cast<size_t>(idx[i]) * o, o * sizeof(float));
+    }
+    prepare_seconds_ += seconds_since(t0);
+  }
+
+  pooch_status submit(const Host& b, int64_t n, bool targets) {
+    const auto w = static_cast<size_t>(io_.width);
+    if (pooch_status st =
+            pooch_session_set_input(s_, kX, b.x.data(), static_cast<size_t>(n) * w * sizeof(float)))
+      return st;
+    if (!targets) return POOCH_OK;
+    if (d_.classes)
+      return pooch_session_set_input(s_, kClass, b.c.data(),
+                                     static_cast<size_t>(n) * sizeof(int32_t));
+    const auto o = static_cast<size_t>(d_.outputs);
+    return pooch_session_set_input(s_, kY, b.y.data(), static_cast<size_t>(n) * o * sizeof(float));
+  }
+
+  void drop_prefetch() {
+    if (pending_.joinable()) pending_.join();
+  }
+
   pooch_session* s_;
   const DenseData& d_;
   const DenseIo& io_;
-  std::vector<float> x_, y_, p_;
-  std::vector<int32_t> c_;
+  Host buf_[2];
+  int cur_ = 0;  // the buffer the inputs were last set from
+  std::thread pending_;
+  int64_t pending_n_ = 0;
+  bool pending_targets_ = false;
+  std::vector<float> p_;
   Augment augment_;
   uint64_t seed_ = 0, epoch_ = 0;
-  std::vector<float> scratch_;
+  double prepare_seconds_ = 0, wait_seconds_ = 0;
 };
 
 struct EvalResult {
@@ -408,6 +476,10 @@ void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f) {
   app->add_flag("--flip", f.augment.flip,
                 "Image sets: flip each training image horizontally with probability 1/2")
       ->group("Dense data");
+  app->add_flag("--no-prefetch", f.no_prefetch,
+                "Image sets: prepare each training batch just before its step, not during the "
+                "step before (the same bits either way)")
+      ->group("Dense data");
   app->add_option("--valid-fraction", f.valid_fraction,
                   "The fraction of training rows held out and evaluated after each epoch (dense "
                   "data; bag-of-words data: only when --plateau-patience or --early-stop is on, "
@@ -425,22 +497,15 @@ bool is_dense_model(const pooch_model* model) {
   return std::strcmp(pooch_model_family(model), "xmc") != 0 && dense_io(model).x;
 }
 
-int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const ModelFlags& mf,
-                    const TrainFlags& tf, const DeviceFlags& dev, const CLI::App* app,
-                    Output& out) {
-  Json& res = out.result();
-  if (int rc = refuse_xmc_flags(app, out)) return rc;
-  if (x_path.empty()) return out.fail(kUsage, "--targets: give the features with --data X.npy");
-  if (int rc = check_output_paths({{"--out", tf.out}, {"--log", tf.log}}, out)) return rc;
-  DenseData d;
-  if (int rc = load_dense(x_path, "--data", df.targets, "--targets", false, d, out)) return rc;
-  res["train"] = data_json(d);
+namespace {
 
-  ModelHandle model;
-  if (int rc = make_dense_model(mf, tf, d, model, out)) return rc;
+// Trains `model` on `d` (a new model or one being finetuned) and saves it
+// to tf.out: the held-out split, the epochs, the log. Exit code.
+int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, const TrainFlags& tf,
+                const DeviceFlags& dev, const std::string& name, Output& out) {
+  Json& res = out.result();
   prepare_images(model.p, d);
   const DenseIo io = dense_io(model.p);
-  const std::string name = "the model";
   if (!io.x || !io.prediction || !io.loss)
     return out.fail(kBadInput, std::string("model: a ") + pooch_model_family(model.p) +
                                    " model without batch.x, prediction and loss cannot train "
@@ -490,6 +555,9 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
     res["model_spec"] = Json::parse(spec, nullptr, false);
 
   Batches batches(s.p, d, io);
+  // Image sets prepare each batch during the step before (a thread's start
+  // is noise beside a convolutional step, not beside a small mlp's).
+  const bool prefetch = d.image.c && !df.no_prefetch;
   Progress progress(isatty(STDOUT_FILENO) != 0, tf.epochs);
   const int64_t per_epoch = (static_cast<int64_t>(train.size()) + io.rows - 1) / io.rows;
   Json epochs = Json::array();
@@ -515,8 +583,17 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
         // over take part in later epochs (each epoch reshuffles).
         if (d.image.c && rows < io.rows && first > 0) break;
         float loss = 0;
-        if (pooch_status st = batches.stage(train.data() + first, rows, true))
+        if (pooch_status st = batches.prefetched()
+                                  ? batches.stage_prefetched()
+                                  : batches.stage(train.data() + first, rows, true))
           return out.fail(st, "setting the inputs");
+        // The next batch of the epoch is prepared while this step runs.
+        const size_t next = first + static_cast<size_t>(io.rows);
+        if (prefetch && next < train.size() &&
+            (!d.image.c || train.size() - next >= static_cast<size_t>(io.rows)))
+          batches.prefetch(train.data() + next,
+                           std::min<int64_t>(io.rows, static_cast<int64_t>(train.size() - next)),
+                           true);
         if (pooch_status st = batches.run(POOCH_PROGRAM_TRAIN_STEP, &loss))
           return out.fail(st, "training");
         ++steps;
@@ -593,6 +670,9 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
   res["seconds"] = secs;
   if (!epochs.empty() && !epochs.back()["valid"].is_null()) res["final"] = epochs.back()["valid"];
   res["interrupted"] = stopped;
+  res["input"] = {{"prefetch", prefetch},
+                  {"prepare_seconds", batches.prepare_seconds()},
+                  {"wait_seconds", batches.wait_seconds()}};
   if (stopped)
     std::printf("%s at step %lld (epoch %d, batch %lld of %lld) after %.1f s\n",
                 by_signal ? "interrupted" : "stopped (--max-steps)", static_cast<long long>(steps),
@@ -607,6 +687,60 @@ int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const 
       stopped ? " (as trained so far; dense models have no checkpoint to resume from)" : "");
   res["out"] = tf.out;
   return by_signal ? kInterrupted : kOk;
+}
+
+}  // namespace
+
+int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const ModelFlags& mf,
+                    const TrainFlags& tf, const DeviceFlags& dev, const CLI::App* app,
+                    Output& out) {
+  if (int rc = refuse_xmc_flags(app, out)) return rc;
+  if (x_path.empty()) return out.fail(kUsage, "--targets: give the features with --data X.npy");
+  if (int rc = check_output_paths({{"--out", tf.out}, {"--log", tf.log}}, out)) return rc;
+  DenseData d;
+  if (int rc = load_dense(x_path, "--data", df.targets, "--targets", false, d, out)) return rc;
+  out.result()["train"] = data_json(d);
+  ModelHandle model;
+  if (int rc = make_dense_model(mf, tf, d, model, out)) return rc;
+  return train_dense(model, d, df, tf, dev, "the model", out);
+}
+
+int run_dense_finetune(const std::string& model_path, int64_t new_head, const std::string& x_path,
+                       const DenseTrainFlags& df, const TrainFlags& tf, const DeviceFlags& dev,
+                       const CLI::App* app, Output& out) {
+  if (int rc = refuse_xmc_flags(app, out)) return rc;
+  if (x_path.empty()) return out.fail(kUsage, "--targets: give the features with --data X.npy");
+  if (int rc = check_output_paths({{"--out", tf.out}, {"--log", tf.log}}, out)) return rc;
+  DenseData d;
+  if (int rc = load_dense(x_path, "--data", df.targets, "--targets", false, d, out)) return rc;
+  out.result()["train"] = data_json(d);
+  ModelHandle model;
+  if (pooch_status st = pooch_model_load(model_path.c_str(), &model.p))
+    return out.fail(st, "--model " + model_path);
+  out.result()["model"] = model_path;
+  if (!is_dense_model(model.p))
+    return out.fail(kBadInput, "--model: " + model_path + " is a " + pooch_model_family(model.p) +
+                                   " model; --data X.npy --targets Y.npy finetunes a model that "
+                                   "takes batch.x (mlp, resnet, vgg)");
+  const int64_t had = dense_io(model.p).outputs;
+  // -1: the data's class count when it differs from the model's; 0: keep.
+  int64_t head = new_head;
+  if (head < 0) head = d.classes && d.outputs != had ? d.outputs : 0;
+  if (head > 0) {
+    if (d.classes && head < d.outputs)
+      return out.fail(kBadInput, "finetune: --new-head " + std::to_string(head) +
+                                     " is fewer classes than --targets " + d.y_path + " has (" +
+                                     std::to_string(d.outputs) + ")");
+    if (pooch_status st = pooch_model_replace_head(model.p, head))
+      return out.fail(st, "replacing the output layer");
+    std::printf("new output layer: %lld classes (was %lld); every other weight kept\n",
+                static_cast<long long>(head), static_cast<long long>(had));
+    out.result()["new_head"] = head;
+  }
+  if (tf.batch > 0)
+    if (pooch_status st = pooch_model_set_run_shape(model.p, tf.batch, 0, 0))
+      return out.fail(st, "--batch");
+  return train_dense(model, d, df, tf, dev, model_path, out);
 }
 
 int run_dense_profile(const std::string& model_path, const ModelFlags& mf, const TrainFlags& tf,

@@ -40,6 +40,7 @@ struct DenseTrainFlags {
   std::string targets;          // --targets Y.npy (selects the dense path)
   double valid_fraction = 0.1;  // --valid-fraction
   Augment augment;              // --crop-pad, --flip (image sets)
+  bool no_prefetch = false;     // image sets: batch i+1 is prepared during step i unless set
 };
 
 // --targets and --valid-fraction.
@@ -49,6 +50,14 @@ void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f);
 // train's subcommand (to refuse XMC-only flags given with a dense model).
 int run_dense_train(const std::string& x_path, const DenseTrainFlags& df, const ModelFlags& mf,
                     const TrainFlags& tf, const DeviceFlags& dev, const CLI::App* app, Output& out);
+
+// pooch-run finetune --model M --data X.npy --targets Y.npy [--new-head L]:
+// the model (its weights, not its optimizer state) trained further; with a
+// new head (L > 0, or -1 and the data's class count differs from the
+// model's) its output layer is replaced by a fresh one over L classes.
+int run_dense_finetune(const std::string& model_path, int64_t new_head, const std::string& x_path,
+                       const DenseTrainFlags& df, const TrainFlags& tf, const DeviceFlags& dev,
+                       const CLI::App* app, Output& out);
 
 // pooch-run eval --model M --data X.npy --targets Y.npy: mean loss (and
 // accuracy for classification).

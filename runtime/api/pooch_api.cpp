@@ -322,7 +322,8 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
       s->generic = std::make_unique<pooch::Session>(model->built, c, note, nullptr);
     if (model->file && !c.plan_only) {
       const pooch::PoochFile& f = model->file->file;
-      pooch::restore_tensors(s->session(), f, resume, model->head_replaced ? "head." : "");
+      pooch::restore_tensors(s->session(), f, resume,
+                             model->head_replaced ? pooch::head_prefix(model->spec.family) : "");
       if (resume) {
         try {
           s->session().set_optimizer_step(f.metadata().get_u64(pooch::meta_keys::kStep));

@@ -80,6 +80,10 @@ const char* family_name(Family f) {
                                : "xmc";
 }
 
+const char* head_prefix(Family f) {
+  return f == Family::resnet ? "fc." : f == Family::vgg ? "classifier.6." : "head.";
+}
+
 LossKind parse_loss(const std::string& name) {
   const std::string n = ascii_lower(name);  // names match without regard to case
   if (n == "bce") return LossKind::bce;

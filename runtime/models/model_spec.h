@@ -106,6 +106,10 @@ void validate_spec(const ModelSpec& s);
 const char* loss_name(LossKind k);
 LossKind parse_loss(const std::string& name);  // "bce", "squared-hinge", "softmax", "mse"
 const char* family_name(Family f);
+// The prefix of the names of the output layer's weights, which finetuning on
+// a new label set replaces: "head." (xmc, mlp), "fc." (resnet),
+// "classifier.6." (vgg, torchvision's last Linear).
+const char* head_prefix(Family f);
 
 // The GPT-2 sizes by name: "gpt2" (124M), "gpt2-medium" (355M), "gpt2-large"
 // (774M), "gpt2-xl" (1.5B); any case. Error POOCH_ERR_INVALID_ARG naming the

@@ -82,6 +82,47 @@ for k in 1 2; do
 done
 if cmp -s aug1.pooch aug2.pooch; then pass "augmented runs with one seed are identical"; else
   fail "augmented runs with one seed differ"; fi
+# The next batch is augmented on a thread during the step: the same bits as
+# preparing each batch in place (--no-prefetch).
+expect augment_inline 0 "$RUN" train "${TRAIN[@]}" --spec "$DATA/resnet_digits.json" \
+  --epochs 1 --max-steps 5 --batch 16 --seed 5 --crop-pad 1 --flip --no-prefetch \
+  --out aug3.pooch "${T[@]}" --json
+if cmp -s aug1.pooch aug3.pooch; then pass "prefetched and in-place augmentation are identical"
+else fail "prefetched and in-place augmentation differ"; fi
+contains "--no-prefetch reported" augment_inline.out '"prefetch": ?false'
+
+# Finetuning with a new head: the trained network's body under a fresh
+# output layer over 12 classes (shapes unlike the file's 10), trained for
+# one epoch, against one epoch from scratch: the kept body
+# must carry the accuracy (it would be the scratch run's if the weights
+# were not kept).
+FT=(--epochs 1 --batch 32 --optimizer sgd --lr 0.01 --weight-decay 5e-4 --early-stop 0
+  --seed 4 --valid-fraction 0 "${T[@]}")
+expect finetune 0 "$RUN" finetune --model digits.pooch "${TRAIN[@]}" --new-head 12 "${FT[@]}" \
+  --out ft.pooch --json
+contains "finetune: a new head of 12 classes" finetune.out '"new_head": ?12'
+expect ft_eval 0 "$RUN" eval --model ft.pooch "${TEST[@]}" "${T[@]}" --json
+ft_acc=$(json_num accuracy ft_eval.out)
+ft_top5=$(json_num top5 ft_eval.out)
+expect scratch 0 "$RUN" train "${TRAIN[@]}" --spec "$DATA/resnet_digits.json" "${FT[@]}" \
+  --out scratch.pooch
+expect scratch_eval 0 "$RUN" eval --model scratch.pooch "${TEST[@]}" "${T[@]}" --json
+scratch_acc=$(json_num accuracy scratch_eval.out)
+echo "     finetuned: accuracy $ft_acc, top-5 $ft_top5; from scratch: $scratch_acc"
+if [ -n "$ft_acc" ] && awk -v a="$ft_acc" 'BEGIN { exit !(a >= 0.95) }'; then
+  pass "finetuned accuracy $ft_acc >= 0.95"
+else
+  fail "finetuned accuracy '$ft_acc' < 0.95"
+fi
+if [ -n "$scratch_acc" ] && awk -v a="$ft_acc" -v b="$scratch_acc" \
+  'BEGIN { exit !(a >= b + 0.05) }'; then
+  pass "the kept body: finetuned $ft_acc >= scratch $scratch_acc + 0.05"
+else
+  fail "finetuned '$ft_acc' not 0.05 above scratch '$scratch_acc'"
+fi
+expect ft_fewer 2 "$RUN" finetune --model digits.pooch "${TRAIN[@]}" --new-head 5 "${FT[@]}" \
+  --out x.pooch
+contains "--new-head below the data's classes: refused" ft_fewer.err 'fewer classes'
 
 # A convolutional spec refuses 2-D rows, naming what it needs.
 expect synth 0 "$RUN" synth --kind classification --rows 20 --features 6 --out rows

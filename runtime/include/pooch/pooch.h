@@ -563,6 +563,20 @@ POOCH_API pooch_status pooch_tokens_save(const char* path, const int32_t* tokens
 POOCH_API pooch_status pooch_gpt_import(const char* from, const char* out_path);
 POOCH_API pooch_status pooch_gpt_export(const char* model_path, const char* out_dir);
 
+/* torchvision convolutional networks (resnet, vgg). Import reads a state
+ * dict saved as safetensors (safetensors.torch.save_file(
+ * torchvision.models.resnet50().state_dict(), path)) tensor by tensor and
+ * writes a pooch model file. `spec_json` (may be NULL) holds spec fields to
+ * use (family, depth, input, batch, normalize, ...); the rest come from the
+ * tensors' names and shapes. A file whose names or shapes do not fit the
+ * model is refused (POOCH_ERR_BAD_INPUT naming the first tensor that does
+ * not). With `spec_out` not NULL, *spec_out gets the model's spec as JSON
+ * (free with pooch_string_free). Export writes a resnet or vgg model file's
+ * weights as such a state dict. */
+POOCH_API pooch_status pooch_cnn_import(const char* from, const char* spec_json,
+                                        const char* out_path, char** spec_out);
+POOCH_API pooch_status pooch_cnn_export(const char* model_path, const char* out_path);
+
 #ifdef __cplusplus
 }
 #endif
