@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "lm_training.h"
 #include "training.h"
 
 namespace cli {
@@ -16,6 +17,8 @@ struct FinetuneOpts {
   DataFlags data;
   TrainFlags train;
   DeviceFlags device;
+  LmFlags lm;
+  const CLI::App* app = nullptr;
   Output output{"finetune"};
 };
 
@@ -28,8 +31,8 @@ int run_finetune(FinetuneOpts& o) {
           {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
           out))
     return rc;
-  Data data;
-  if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
+  // The model first: its family says what the data are (a gpt model trains
+  // on a token stream, the others on a data set).
   ModelHandle model;
   const std::string path = resume ? o.train.resume : o.model;
   if (pooch_status st = pooch_model_load(path.c_str(), &model.p))
@@ -40,7 +43,17 @@ int run_finetune(FinetuneOpts& o) {
       return out.fail(kBadInput, "--resume: " + path + " is a model file, not a checkpoint");
     std::printf("resuming from %s\n", path.c_str());
     out.result()["resumed_from"] = path;
-  } else {
+  }
+  if (std::string(pooch_model_family(model.p)) == "gpt") {
+    if (o.new_head >= 0)
+      return out.fail(kUsage,
+                      "finetune: --new-head is for classifiers; a gpt model keeps its "
+                      "vocabulary");
+    return run_lm_training(model.p, resume, o.data.dir, o.lm, o.train, o.device, o.app, out);
+  }
+  Data data;
+  if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
+  if (!resume) {
     const SpecShape spec = spec_shape(model.p);
     const Shape train = shape_of(data.train.p), test = shape_of(data.test.p);
     const int64_t data_labels = std::max(train.labels, test.labels);
@@ -85,7 +98,9 @@ Command add_finetune(CLI::App& app) {
   add_data_flags(c, o->data, DataUse::train);
   add_train_flags(c, o->train, true);
   add_device_flags(c, o->device);
+  add_lm_flags(c, o->lm);
   add_json_flag(c, o->output);
+  o->app = c;
   return {c, [o] { return o->output.finish(run_finetune(*o)); }};
 }
 

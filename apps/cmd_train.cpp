@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "dense.h"
+#include "lm_training.h"
 #include "training.h"
 
 namespace cli {
@@ -17,12 +18,34 @@ struct TrainOpts {
   TrainFlags train;
   DeviceFlags device;
   DenseTrainFlags dense;
+  LmFlags lm;
   const CLI::App* app = nullptr;
   Output output{"train"};
 };
 
 int run_train(TrainOpts& o) {
   Output& out = o.output;
+  if (!o.train.resume.empty() || !o.model.spec.empty()) {
+    // A gpt run (a spec of family gpt, or a checkpoint of one) trains on a token stream.
+    ModelHandle model;
+    if (!o.train.resume.empty()) {
+      if (pooch_status st = pooch_model_load(o.train.resume.c_str(), &model.p))
+        return out.fail(st, "--resume " + o.train.resume);
+      if (std::string(pooch_model_family(model.p)) == "gpt") {
+        if (!pooch_model_is_checkpoint(model.p))
+          return out.fail(kBadInput, "--resume: " + o.train.resume +
+                                         " is a model file, not a checkpoint (to train a model "
+                                         "further, use: pooch-run finetune --model " +
+                                         o.train.resume + ")");
+        std::printf("resuming from %s\n", o.train.resume.c_str());
+        out.result()["resumed_from"] = o.train.resume;
+        return run_lm_training(model.p, true, o.data.dir, o.lm, o.train, o.device, o.app, out);
+      }
+    } else if (spec_is_gpt(o.model.spec)) {
+      if (int rc = make_gpt_model(o.model.spec, o.train, o.lm, model, out)) return rc;
+      return run_lm_training(model.p, false, o.data.dir, o.lm, o.train, o.device, o.app, out);
+    }
+  }
   if (!o.dense.targets.empty())
     return run_dense_train(o.data.dir, o.dense, o.model, o.train, o.device, o.app, out);
   if (is_npy_path(o.data.dir))
@@ -67,6 +90,7 @@ Command add_train(CLI::App& app) {
   add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
   add_machine_flag(c, o->device);
+  add_lm_flags(c, o->lm);
   add_json_flag(c, o->output);
   o->app = c;
   return {c, [o] { return o->output.finish(run_train(*o)); }};

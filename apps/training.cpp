@@ -104,6 +104,8 @@ std::string repeated_key(const std::string& text) {
   return repeated;
 }
 
+}  // namespace
+
 std::string resume_command(const std::string& ckpt) {
   const auto& w = argv_words();
   std::string cmd;
@@ -119,8 +121,6 @@ std::string resume_command(const std::string& ckpt) {
   }
   return cmd + " --resume " + shell_quote(ckpt);
 }
-
-}  // namespace
 
 void add_model_flags(CLI::App* app, ModelFlags& f) {
   app->add_option("--spec", f.spec,
@@ -183,7 +183,7 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->check(in_range(0, kMaxWeightDecay, false))
       ->capture_default_str()
       ->group("Training");
-  app->add_option("--warmup-steps", f.warmup_steps, "Linear learning-rate warm-up steps")
+  app->add_option("--warmup-steps,--warmup", f.warmup_steps, "Linear learning-rate warm-up steps")
       ->check(non_negative())
       ->capture_default_str()
       ->group("Training");

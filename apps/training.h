@@ -88,6 +88,10 @@ int check_data_fits(const pooch_model* m, const pooch_dataset* ds, const std::st
 // Propensity A,B: from --propensity or the data set's name.
 int propensity(const TrainFlags& f, const std::string& data_name, float* a, float* b, Output& out);
 
+// The command line as typed without --resume and --max-steps, then
+// "--resume CKPT": what continues an interrupted run.
+std::string resume_command(const std::string& ckpt);
+
 // Trains `model` (from a checkpoint with resume set: continues it). Saves the
 // final model to f.out unless `save` is false. Exit code.
 int run_training(pooch_model* model, bool resume, const Data& data, const TrainFlags& f,
