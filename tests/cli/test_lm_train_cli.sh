@@ -3,7 +3,10 @@
 # byte-level gpt trained from a spec on the committed Genesis text (the loss
 # falls; validation loss and perplexity are reported), a run stopped and
 # resumed equal byte for byte to one that ran through, finetuning with
-# another run shape, and the errors and exit codes of bad input.
+# another run shape, the errors and exit codes of bad input, and generate:
+# greedy decoding of the imported tests/golden/lm/hf_tiny equal to
+# transformers' generate (tests/golden/lm/hf_tiny_generate.json), seeded
+# sampling deterministic, --max-tokens and Ctrl-C stopping cleanly.
 # Usage: test_lm_train_cli.sh PATH/TO/pooch-run SOURCE_ROOT
 set -uo pipefail
 
@@ -129,6 +132,82 @@ expect err-resume-other-data 2 "$RUN" train --data other.txt "${FLAGS[@]}" --out
 contains err-resume-other-data-msg err-resume-other-data.err "trained on other data"
 expect err-new-head 1 "$RUN" finetune --model full.pooch --data genesis.txt --bytes --new-head 5 \
   --out x.pooch
+
+# --- generate ----------------------------------------------------------------
+expect import-hf 0 "$RUN" import --from "$G/hf_tiny" --out hf.pooch
+ncases=$(python3 -c "import json; print(len(json.load(open('$G/hf_tiny_generate.json'))['cases']))")
+for i in $(seq 0 $((ncases - 1))); do
+  prompt=$(python3 -c "import json; print(' '.join(map(str, json.load(open('$G/hf_tiny_generate.json'))['cases'][$i]['prompt'])))")
+  want=$(python3 -c "import json; print(' '.join(map(str, json.load(open('$G/hf_tiny_generate.json'))['cases'][$i]['generated'])))")
+  # Ask for more than fit: generation stops where the context (16) is full,
+  # or at the count transformers was given.
+  n=$(python3 -c "import json; print(json.load(open('$G/hf_tiny_generate.json'))['cases'][$i]['max_new_tokens'])")
+  expect "generate-greedy-$i" 0 "$RUN" generate --model hf.pooch --prompt-tokens "$prompt" \
+    --temperature 0 --max-tokens "$n" --ids --threads 2
+  got=$(head -n 1 "generate-greedy-$i.out")
+  [ "$got" = "$want" ] && pass "generate-golden-$i ($got)" ||
+    fail "generate-golden-$i: got '$got', transformers '$want'"
+done
+# A full context (16): 3 prompt tokens, 13 fed back, and the last one
+# predicted from all 16 positions: 14 new tokens, the first 13 transformers'.
+expect generate-context-full 0 "$RUN" generate --model hf.pooch --prompt-tokens "1,2,3" \
+  --temperature 0 --max-tokens 100 --ids --threads 2
+got=$(head -n 1 generate-context-full.out)
+[ "$(echo "$got" | wc -w)" = 14 ] && [ "$(echo "$got" | cut -d' ' -f1-13)" = "$want" ] &&
+  pass "generate-stops-at-context ($got)" || fail "generate-stops-at-context: $got"
+S=(generate --model full.pooch --prompt "In the beginning" --max-tokens 12 --temperature 1 --top-k 20
+  --top-p 0.95 --threads 2 --ids)
+expect sample-a 0 "$RUN" "${S[@]}" --seed 5
+expect sample-b 0 "$RUN" "${S[@]}" --seed 5
+expect sample-c 0 "$RUN" "${S[@]}" --seed 6
+[ "$(wc -w < sample-a.out)" = 12 ] && pass "sample-max-tokens (12)" || fail "sample-max-tokens: $(cat sample-a.out)"
+cmp -s sample-a.out sample-b.out && pass "sample-same-seed" || fail "sample-same-seed"
+cmp -s sample-a.out sample-c.out && fail "sample-other-seed: the same tokens" || pass "sample-other-seed"
+expect generate-text 0 "$RUN" generate --model full.pooch --prompt "And God said" --max-tokens 20 \
+  --temperature 0 --threads 2
+contains generate-text-prompt generate-text.out "^And God said"
+expect err-generate-tokenizer-too-big 2 "$RUN" generate --model hf.pooch --prompt "Hello" \
+  --tokenizer "$G/bpe"
+contains err-generate-tokenizer-too-big-msg err-generate-tokenizer-too-big.err "1000 tokens, more than the model's vocabulary \(50\)"
+# Text through GPT-2's BPE: a model over the test tokenizer's 1000 tokens.
+"$RUN" tokenize --tokenizer "$G/bpe" --text-file genesis.txt --out genesis-bpe.bin > /dev/null
+cat > bpe.json << 'JSON'
+{"family": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 32, "n_ctx": 32, "vocab_size": 1000}
+JSON
+expect bpe-model 0 "$RUN" train --spec bpe.json --data genesis-bpe.bin --batch 4 --steps 20 \
+  --threads 2 --out bpe.pooch
+expect generate-bpe-text 0 "$RUN" generate --model bpe.pooch --tokenizer "$G/bpe" \
+  --prompt "In the beginning" --max-tokens 10 --temperature 0 --threads 2 --json
+contains generate-bpe-text-prompt generate-bpe-text.out "^In the beginning"
+[ "$(field generate-bpe-text.out "['tokens'].__len__()")" = 10 ] && pass generate-bpe-count ||
+  fail "generate-bpe-count: $(tail -n 1 generate-bpe-text.out)"
+expect err-generate-no-prompt 1 "$RUN" generate --model hf.pooch
+expect err-generate-text-no-tokenizer 1 "$RUN" generate --model hf.pooch --prompt "Hello"
+contains err-generate-text-no-tokenizer-msg err-generate-text-no-tokenizer.err "--tokenizer"
+expect err-generate-bad-id 1 "$RUN" generate --model hf.pooch --prompt-tokens "1 99" --ids
+contains err-generate-bad-id-msg err-generate-bad-id.err "99"
+expect err-generate-word 2 "$RUN" generate --model hf.pooch --prompt-tokens "1 x" --ids
+expect err-generate-not-a-model 2 "$RUN" generate --model tiny.json --prompt-tokens 1
+
+# Ctrl-C: a model with a long context, stopped once tokens are streaming.
+cat > long.json << 'JSON'
+{"family": "gpt", "n_layer": 2, "n_head": 4, "n_embd": 128, "n_ctx": 4096}
+JSON
+expect long-model 0 "$RUN" train --spec long.json --data genesis.txt --bytes --batch 1 --context 64 \
+  --steps 1 --threads 2 --out long.pooch
+"$RUN" generate --model long.pooch --prompt "In" --max-tokens 4000 --threads 2 --ids \
+  > sigint.out 2> sigint.err &
+pid=$!
+for _ in $(seq 1 200); do
+  [ "$(wc -w < sigint.out)" -gt 20 ] && break
+  sleep 0.05
+done
+kill -INT "$pid" 2> /dev/null
+wait "$pid"
+rc=$?
+n=$(head -n 1 sigint.out | wc -w)
+[ "$rc" = 130 ] && [ "$n" -gt 20 ] && [ "$n" -lt 4000 ] &&
+  pass "generate-sigint (exit 130 after $n tokens)" || fail "generate-sigint: exit $rc after $n tokens"
 
 echo
 if [ $failures -gt 0 ]; then
