@@ -25,7 +25,7 @@ struct TrainOpts {
 
 int run_train(TrainOpts& o) {
   Output& out = o.output;
-  if (!o.train.resume.empty() || !o.model.spec.empty()) {
+  if (o.dense.targets.empty() && (!o.train.resume.empty() || !o.model.spec.empty())) {
     // A gpt run (a spec of family gpt, or a checkpoint of one) trains on a token stream.
     ModelHandle model;
     if (!o.train.resume.empty()) {
@@ -41,9 +41,16 @@ int run_train(TrainOpts& o) {
         out.result()["resumed_from"] = o.train.resume;
         return run_lm_training(model.p, true, o.data.dir, o.lm, o.train, o.device, o.app, out);
       }
-    } else if (spec_is_gpt(o.model.spec)) {
-      if (int rc = make_gpt_model(o.model.spec, o.train, o.lm, model, out)) return rc;
-      return run_lm_training(model.p, false, o.data.dir, o.lm, o.train, o.device, o.app, out);
+    } else {
+      // Read once: a spec may come through a pipe.
+      if (!read_spec_file(o.model.spec, &o.model.spec_text))
+        return out.fail(kBadInput, "--spec: cannot read '" + o.model.spec +
+                                       "' (or it is larger than 16 MiB, which no spec is)");
+      if (spec_is_gpt(o.model.spec_text)) {
+        if (int rc = make_gpt_model(o.model.spec_text, o.model.spec, o.train, o.lm, model, out))
+          return rc;
+        return run_lm_training(model.p, false, o.data.dir, o.lm, o.train, o.device, o.app, out);
+      }
     }
   }
   if (!o.dense.targets.empty())

@@ -6,7 +6,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "npy.h"
 #include "progress.h"
@@ -185,17 +184,14 @@ void add_lm_flags(CLI::App* app, LmFlags& f) {
       ->group(g);
 }
 
-bool spec_is_gpt(const std::string& spec_path) {
-  std::ifstream in(spec_path, std::ios::binary);
-  if (!in) return false;
-  const Json j = Json::parse(in, nullptr, false);
+bool spec_is_gpt(const std::string& spec_text) {
+  const Json j = Json::parse(spec_text, nullptr, false);
   return j.is_object() && j.contains("family") && j["family"] == "gpt";
 }
 
-int make_gpt_model(const std::string& spec_path, const TrainFlags& tf, const LmFlags& lf,
-                   ModelHandle& model, Output& out) {
-  std::ifstream in(spec_path, std::ios::binary);
-  Json j = Json::parse(in, nullptr, false);
+int make_gpt_model(const std::string& spec_text, const std::string& spec_path, const TrainFlags& tf,
+                   const LmFlags& lf, ModelHandle& model, Output& out) {
+  Json j = Json::parse(spec_text, nullptr, false);
   if (!j.is_object()) return out.fail(kBadInput, "--spec " + spec_path + ": not a JSON object");
   if (lf.bytes && !j.contains("vocab_size")) j["vocab_size"] = 256;
   if (tf.batch > 0) j["batch"] = tf.batch;

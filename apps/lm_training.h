@@ -23,14 +23,14 @@ struct LmFlags {
 };
 void add_lm_flags(CLI::App* app, LmFlags& f);
 
-// True when the spec file names the gpt family (so train takes the LM path).
-bool spec_is_gpt(const std::string& spec_path);
+// True when the spec's text names the gpt family (so train takes the LM path).
+bool spec_is_gpt(const std::string& spec_text);
 
-// A fresh gpt model from a spec file (docs/CLI.md "Language models: train
-// and finetune"): --batch, --seed and --context override its batch, seed and
-// seq; with --bytes a spec without vocab_size gets 256. Exit code.
-int make_gpt_model(const std::string& spec_path, const TrainFlags& tf, const LmFlags& lf,
-                   ModelHandle& model, Output& out);
+// A fresh gpt model from a spec's text (docs/CLI.md "Language models"):
+// --batch and --seed override its batch and seed; with --bytes a spec
+// without vocab_size gets 256. `source` names it in messages. Exit code.
+int make_gpt_model(const std::string& spec_text, const std::string& source, const TrainFlags& tf,
+                   const LmFlags& lf, ModelHandle& model, Output& out);
 
 // Trains `model` (a fresh or loaded gpt model, or with `resume` a
 // checkpoint) on the token file `data` and saves it to tf.out. `app` tells

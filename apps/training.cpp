@@ -71,7 +71,8 @@ void on_epoch(void* user, const pooch_epoch_report* rep) {
 }
 
 // At most `limit` bytes: /dev/zero as a spec must not fill the memory.
-bool read_file(const std::string& path, std::string* text, size_t limit = size_t{16} << 20) {
+bool read_file_limited(const std::string& path, std::string* text,
+                       size_t limit = size_t{16} << 20) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   text->clear();
@@ -105,6 +106,10 @@ std::string repeated_key(const std::string& text) {
 }
 
 }  // namespace
+
+bool read_spec_file(const std::string& path, std::string* text) {
+  return read_file_limited(path, text);
+}
 
 std::string resume_command(const std::string& ckpt) {
   const auto& w = argv_words();
@@ -337,7 +342,9 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
   std::string text, source;
   if (!mf.spec.empty()) {
     source = mf.spec;
-    if (!read_file(mf.spec, &text))
+    if (!mf.spec_text.empty())
+      text = mf.spec_text;
+    else if (!read_spec_file(mf.spec, &text))
       return out.fail(kBadInput, "--spec: cannot read '" + mf.spec +
                                      "' (or it is larger than 16 MiB, which no spec is)");
     // The spec is filled in and written out again below, which would keep

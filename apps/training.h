@@ -17,6 +17,8 @@ namespace cli {
 struct ModelFlags {
   static constexpr int64_t kAuto = -1;
   std::string spec;  // --spec model.json
+  // The spec's text when it was read already (a pipe reads once); else read from `spec`.
+  std::string spec_text;
   int64_t hidden = kAuto;
   int64_t bottleneck = 0;
   int64_t fan_in = kAuto;     // kAuto: a dense head where it is small, else 32
@@ -87,6 +89,9 @@ int check_data_fits(const pooch_model* m, const pooch_dataset* ds, const std::st
 
 // Propensity A,B: from --propensity or the data set's name.
 int propensity(const TrainFlags& f, const std::string& data_name, float* a, float* b, Output& out);
+
+// A spec file's text (at most 16 MiB); false when it cannot be read or is larger.
+bool read_spec_file(const std::string& path, std::string* text);
 
 // The command line as typed without --resume and --max-steps, then
 // "--resume CKPT": what continues an interrupted run.

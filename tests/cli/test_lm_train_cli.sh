@@ -69,6 +69,10 @@ steps=$(field train-full.out "['steps']")
 python3 -c "import math,sys; sys.exit(0 if $val < 4.0 and abs(math.exp($val) - $ppl) < 1e-6 * $ppl else 1)" &&
   pass "train-validation ($val, perplexity $ppl)" || fail "train-validation: loss $val perplexity $ppl"
 
+# A spec through a pipe is read once (the family is looked up in the same text).
+expect train-spec-pipe 0 "$RUN" train --data genesis.txt --spec <(cat tiny.json) --bytes --batch 8 \
+  --steps 2 --threads 2 --out pipe.pooch
+
 # --- stop and resume: the same bytes as the run that went through -----------
 expect train-part 0 "$RUN" "${TRAIN[@]}" --out part.pooch --max-steps 23
 contains train-part-msg train-part.out "stopped \(--max-steps\) at step 23"
