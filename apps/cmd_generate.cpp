@@ -4,6 +4,7 @@
 // vocabulary of 256); token ids otherwise (--ids forces them).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -20,6 +21,7 @@ namespace {
 struct GenerateOpts {
   std::string model, tokenizer, prompt, prompt_tokens;
   bool ids = false;
+  bool slide = false;
   pooch_generate_params params{};
   DeviceFlags device;
   Output output{"generate"};
@@ -40,11 +42,11 @@ struct Stream {
   bool interrupted = false;
 };
 
-int on_token(void* user, int32_t token, int64_t index) {
+int on_token(void* user, int32_t token, int64_t) {
   auto* s = static_cast<Stream*>(user);
   s->tokens.push_back(token);
   if (s->mode == Mode::ids) {
-    std::printf("%s%d", index ? " " : "", token);
+    std::printf("%s%d", s->tokens.size() > 1 ? " " : "", token);
   } else if (s->mode == Mode::bytes) {
     std::putchar(token);
   } else {
@@ -98,6 +100,7 @@ int run_generate(GenerateOpts& o) {
                                 pooch_model_family(model.p) + "'; generation needs a gpt model");
   const Json spec = Json::parse(pooch_model_spec_json(model.p), nullptr, false);
   const int64_t vocab = spec.is_object() ? spec.value("vocab_size", int64_t{0}) : 0;
+  const int64_t n_ctx = spec.is_object() ? spec.value("n_ctx", int64_t{1}) : 1;
 
   Stream stream;
   TokenizerHandle tok;
@@ -155,11 +158,28 @@ int run_generate(GenerateOpts& o) {
     std::fflush(stdout);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  pooch_status st;
+  pooch_status st = POOCH_OK;
   {
     SigintGuard guard;
-    st = pooch_generate(s.p, prompt.data(), static_cast<int64_t>(prompt.size()), &o.params,
-                        on_token, &stream, nullptr, 0, nullptr);
+    // With --slide, a full context starts a new call from its last half
+    // (each call's draws keyed by seed + its number, so a seed still gives
+    // one sequence).
+    std::vector<int32_t> context = prompt;
+    pooch_generate_params p = o.params;
+    for (int64_t call = 0;; ++call) {
+      p.seed = o.params.seed + static_cast<uint64_t>(call);
+      const size_t before = stream.tokens.size();
+      st = pooch_generate(s.p, context.data(), static_cast<int64_t>(context.size()), &p, on_token,
+                          &stream, nullptr, 0, nullptr);
+      const auto got = static_cast<int64_t>(stream.tokens.size() - before);
+      p.max_tokens -= got;
+      if (st != POOCH_OK || !o.slide || stream.interrupted || p.max_tokens <= 0) break;
+      context.insert(context.end(), stream.tokens.begin() + static_cast<std::ptrdiff_t>(before),
+                     stream.tokens.end());
+      const auto keep = static_cast<size_t>(std::max<int64_t>(1, n_ctx / 2));
+      if (context.size() > keep)
+        context.erase(context.begin(), context.end() - static_cast<std::ptrdiff_t>(keep));
+    }
   }
   const double secs = seconds_since(t0);
   std::printf("\n");
@@ -194,6 +214,8 @@ Command add_generate(CLI::App& app) {
                 "text in and out")
       ->type_name("DIR");
   c->add_flag("--ids", o->ids, "Write the new token ids instead of text");
+  c->add_flag("--slide", o->slide,
+              "When the context fills, go on from its last half (up to --max-tokens)");
   c->add_option("--max-tokens", o->params.max_tokens,
                 "New tokens at most (fewer when the context fills)")
       ->check(positive())

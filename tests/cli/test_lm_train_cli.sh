@@ -159,6 +159,13 @@ expect generate-context-full 0 "$RUN" generate --model hf.pooch --prompt-tokens 
 got=$(head -n 1 generate-context-full.out)
 [ "$(echo "$got" | wc -w)" = 14 ] && [ "$(echo "$got" | cut -d' ' -f1-13)" = "$want" ] &&
   pass "generate-stops-at-context ($got)" || fail "generate-stops-at-context: $got"
+# --slide goes on past a full context from its last half: 40 tokens, the
+# first 14 those of the run that stopped.
+expect generate-slide 0 "$RUN" generate --model hf.pooch --prompt-tokens "1,2,3" \
+  --temperature 0 --max-tokens 40 --ids --slide --threads 2
+slid=$(head -n 1 generate-slide.out)
+[ "$(echo "$slid" | wc -w)" = 40 ] && [ "$(echo "$slid" | cut -d' ' -f1-14)" = "$got" ] &&
+  pass "generate-slide (40 tokens)" || fail "generate-slide: $slid"
 S=(generate --model full.pooch --prompt "In the beginning" --max-tokens 12 --temperature 1 --top-k 20
   --top-p 0.95 --threads 2 --ids)
 expect sample-a 0 "$RUN" "${S[@]}" --seed 5
