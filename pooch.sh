@@ -133,13 +133,37 @@ sanitize() {
   esac
 }
 
+# ./pooch.sh demo lm: a byte-level gpt (4 layers, width 128, context 128;
+# apps/data/gpt_bytes_demo.json) trained for 300 steps on two threads (about
+# 143 s of CPU time; docs/CLI.md has the measurement) on the public-domain
+# Genesis text that ships in apps/data, then a sample from it. Extra flags go
+# to the training command (e.g. --steps 100, --threads 4).
+demo_lm() {
+  local dir="$BUILD/demo-lm"
+  mkdir -p "$dir"
+  rm -f "$dir/genesis.pooch.ckpt"
+  "$BUILD/apps/pooch-run" train --spec "apps/data/gpt_bytes_demo.json" \
+    --data "apps/data/kjv-genesis.txt" --bytes --batch 16 --context 128 --steps 300 \
+    --warmup 20 --lr 2e-3 --weight-decay 0.1 --eval-every 100 --seed 1 --threads 2 \
+    --out "$dir/genesis.pooch" "$@" || return
+  echo
+  echo "--- a sample (temperature 0.8, top-k 40) ---"
+  "$BUILD/apps/pooch-run" generate --model "$dir/genesis.pooch" --prompt "And God said" \
+    --max-tokens 400 --temperature 0.8 --top-k 40 --seed 1 --slide --threads 2
+}
+
 cmd=${1:-}
 case "$cmd" in
   demo)
     install_missing
     configure_and_build
     shift
-    "$BUILD/apps/pooch-run" demo "$@"
+    if [ "${1:-}" = lm ]; then
+      shift
+      demo_lm "$@"
+    else
+      "$BUILD/apps/pooch-run" demo "$@"
+    fi
     ;;
   test)
     install_missing
@@ -175,7 +199,7 @@ case "$cmd" in
     /usr/bin/python3 bench/lm/run.py --build "$BUILD"
     ;;
   *)
-    echo "usage: ./pooch.sh demo [demo flags] | test | sanitize [asan|tsan|fuzz] | bench" >&2
+    echo "usage: ./pooch.sh demo [demo flags] | demo lm [train flags] | test | sanitize [asan|tsan|fuzz] | bench" >&2
     exit 1
     ;;
 esac

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "dense.h"
+#include "lm_training.h"
 #include "training.h"
 
 namespace cli {
@@ -16,9 +17,9 @@ struct FinetuneOpts {
   int64_t new_head = -1;  // -1: the data's label count when it differs; 0: keep
   DataFlags data;
   TrainFlags train;
-  double valid_fraction = 0.1;  // --valid-fraction
   DeviceFlags device;
-  DenseTrainFlags dense;
+  DenseTrainFlags dense;  // --valid-fraction too
+  LmFlags lm;
   const CLI::App* app = nullptr;
   Output output{"finetune"};
 };
@@ -27,6 +28,7 @@ int run_finetune(FinetuneOpts& o) {
   Output& out = o.output;
   if (!o.dense.targets.empty()) {
     if (o.model.empty()) return out.fail(kUsage, "finetune: --model is required");
+    o.train.resolve(false);
     return run_dense_finetune(o.model, o.new_head, o.data.dir, o.dense, o.train, o.device, o.app,
                               out);
   }
@@ -37,10 +39,8 @@ int run_finetune(FinetuneOpts& o) {
           {{"--out", o.train.out}, {"--checkpoint", o.train.checkpoint}, {"--log", o.train.log}},
           out))
     return rc;
-  Data data;
-  if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
-  o.train.resolve(false);
-  if (int rc = hold_out_validation(o.train, o.valid_fraction, data, out)) return rc;
+  // The model first: its family says what the data are (a gpt model trains
+  // on a token stream, the others on a data set).
   ModelHandle model;
   const std::string path = resume ? o.train.resume : o.model;
   if (pooch_status st = pooch_model_load(path.c_str(), &model.p))
@@ -51,7 +51,21 @@ int run_finetune(FinetuneOpts& o) {
       return out.fail(kBadInput, "--resume: " + path + " is a model file, not a checkpoint");
     std::printf("resuming from %s\n", path.c_str());
     out.result()["resumed_from"] = path;
-  } else {
+  }
+  if (std::string(pooch_model_family(model.p)) == "gpt") {
+    if (o.new_head >= 0)
+      return out.fail(kUsage,
+                      "finetune: --new-head is for classifiers; a gpt model keeps its "
+                      "vocabulary");
+    o.train.resolve_gpt();
+    o.lm.val_fraction = o.dense.valid_fraction;  // --valid-fraction: the stream's tail
+    return run_lm_training(model.p, resume, o.data.dir, o.lm, o.train, o.device, o.app, out);
+  }
+  Data data;
+  if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
+  o.train.resolve(false);
+  if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
+  if (!resume) {
     const SpecShape spec = spec_shape(model.p);
     const Shape train = shape_of(data.train.p), test = shape_of(data.test.p);
     const int64_t data_labels = std::max(train.labels, test.labels);
@@ -95,15 +109,9 @@ Command add_finetune(CLI::App& app) {
       ->check(non_negative());
   add_data_flags(c, o->data, DataUse::train);
   add_train_flags(c, o->train, true);
-  c->add_option("--valid-fraction", o->valid_fraction,
-                "The fraction of training rows held out and evaluated after each epoch when "
-                "--plateau-patience or --early-stop is on (they decide on these rows, never on "
-                "the --test set)")
-      ->check(CLI::Range(0.0, 0.9))
-      ->capture_default_str()
-      ->group("Training");
   add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
+  add_lm_flags(c, o->lm);
   add_json_flag(c, o->output);
   o->app = c;
   return {c, [o] { return o->output.finish(run_finetune(*o)); }};

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "dense.h"
 #include "ensemble.h"
+#include "lm_training.h"
 #include "training.h"
 
 namespace cli {
@@ -20,6 +21,7 @@ struct TrainOpts {
   TrainFlags train;
   DeviceFlags device;
   DenseTrainFlags dense;
+  LmFlags lm;
   const CLI::App* app = nullptr;
   Output output{"train"};
 };
@@ -39,6 +41,38 @@ int ensemble_members(const TrainOpts& o, const Data& data) {
 
 int run_train(TrainOpts& o) {
   Output& out = o.output;
+  if (o.dense.targets.empty() && (!o.train.resume.empty() || !o.model.spec.empty())) {
+    // A gpt run (a spec of family gpt, or a checkpoint of one) trains on a token stream.
+    ModelHandle model;
+    if (!o.train.resume.empty()) {
+      if (pooch_status st = pooch_model_load(o.train.resume.c_str(), &model.p))
+        return out.fail(st, "--resume " + o.train.resume);
+      if (std::string(pooch_model_family(model.p)) == "gpt") {
+        if (!pooch_model_is_checkpoint(model.p))
+          return out.fail(kBadInput, "--resume: " + o.train.resume +
+                                         " is a model file, not a checkpoint (to train a model "
+                                         "further, use: pooch-run finetune --model " +
+                                         o.train.resume + ")");
+        std::printf("resuming from %s\n", o.train.resume.c_str());
+        out.result()["resumed_from"] = o.train.resume;
+        o.train.resolve_gpt();
+        o.lm.val_fraction = o.dense.valid_fraction;  // --valid-fraction: the stream's tail
+        return run_lm_training(model.p, true, o.data.dir, o.lm, o.train, o.device, o.app, out);
+      }
+    } else {
+      // Read once: a spec may come through a pipe.
+      if (!read_spec_file(o.model.spec, &o.model.spec_text))
+        return out.fail(kBadInput, "--spec: cannot read '" + o.model.spec +
+                                       "' (or it is larger than 16 MiB, which no spec is)");
+      if (spec_is_gpt(o.model.spec_text)) {
+        if (int rc = make_gpt_model(o.model.spec_text, o.model.spec, o.train, o.lm, model, out))
+          return rc;
+        o.train.resolve_gpt();
+        o.lm.val_fraction = o.dense.valid_fraction;  // --valid-fraction: the stream's tail
+        return run_lm_training(model.p, false, o.data.dir, o.lm, o.train, o.device, o.app, out);
+      }
+    }
+  }
   if (!o.dense.targets.empty()) {
     o.train.resolve(false);
     return run_dense_train(o.data.dir, o.dense, o.model, o.train, o.device, o.app, out);
@@ -101,6 +135,7 @@ Command add_train(CLI::App& app) {
   add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
   add_machine_flag(c, o->device);
+  add_lm_flags(c, o->lm);
   add_json_flag(c, o->output);
   o->app = c;
   return {c, [o] { return o->output.finish(run_train(*o)); }};

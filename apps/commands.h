@@ -17,5 +17,6 @@ Command add_profile(CLI::App& app);
 Command add_import(CLI::App& app);
 Command add_export(CLI::App& app);
 Command add_tokenize(CLI::App& app);
+Command add_generate(CLI::App& app);
 
 }  // namespace cli

@@ -71,7 +71,8 @@ void on_epoch(void* user, const pooch_epoch_report* rep) {
 }
 
 // At most `limit` bytes: /dev/zero as a spec must not fill the memory.
-bool read_file(const std::string& path, std::string* text, size_t limit = size_t{16} << 20) {
+bool read_file_limited(const std::string& path, std::string* text,
+                       size_t limit = size_t{16} << 20) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   text->clear();
@@ -104,6 +105,12 @@ std::string repeated_key(const std::string& text) {
   return repeated;
 }
 
+}  // namespace
+
+bool read_spec_file(const std::string& path, std::string* text) {
+  return read_file_limited(path, text);
+}
+
 std::string resume_command(const std::string& ckpt) {
   const auto& w = argv_words();
   std::string cmd;
@@ -126,8 +133,15 @@ void TrainFlags::resolve(bool bow) {
   if (epochs == kAuto) epochs = bow ? kBowEpochs : 10;
   if (lr < 0) lr = bow ? kBowLr : 1e-3f;
   if (lr_schedule == "auto") lr_schedule = bow ? "cosine" : "constant";
+  if (lr_min_ratio < 0) lr_min_ratio = 0;
   if (plateau_patience == kAuto) plateau_patience = bow ? 0 : 2;
   if (early_stop == kAuto) early_stop = bow ? 0 : 4;
+}
+
+void TrainFlags::resolve_gpt() {
+  if (lr_schedule == "auto") lr_schedule = "cosine";
+  if (lr_min_ratio < 0) lr_min_ratio = 0.1;  // as GPT-2 and nanoGPT train
+  resolve(false);
 }
 
 void add_model_flags(CLI::App* app, ModelFlags& f) {
@@ -195,21 +209,21 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->check(in_range(0, kMaxWeightDecay, false))
       ->capture_default_str()
       ->group("Training");
-  app->add_option("--warmup-steps", f.warmup_steps, "Linear learning-rate warm-up steps")
+  app->add_option("--warmup-steps,--warmup", f.warmup_steps, "Linear learning-rate warm-up steps")
       ->check(non_negative())
       ->capture_default_str()
       ->group("Training");
   app->add_option("--lr-schedule", f.lr_schedule,
                   "constant, or cosine: half a cosine from --lr down to --lr-min-ratio x --lr "
                   "over the run's steps (after the warm-up); default: cosine for train on "
-                  "bag-of-words data, else constant")
+                  "bag-of-words data and for gpt models, else constant")
       ->transform(one_of({"constant", "cosine"}))
       ->capture_default_str()
       ->group("Training");
   app->add_option("--lr-min-ratio", f.lr_min_ratio,
-                  "Where the cosine schedule ends, as a share of --lr")
+                  "Where the cosine schedule ends, as a share of --lr (default: 0.1 for gpt "
+                  "models, else 0)")
       ->check(in_range(0, 1, false))
-      ->capture_default_str()
       ->group("Training");
   app->add_option("--rewire-every", f.rewire_every,
                   "Dynamic sparse training of the fixed fan-in head: rewire every N steps (0: "
@@ -365,7 +379,9 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
   std::string text, source;
   if (!mf.spec.empty()) {
     source = mf.spec;
-    if (!read_file(mf.spec, &text))
+    if (!mf.spec_text.empty())
+      text = mf.spec_text;
+    else if (!read_spec_file(mf.spec, &text))
       return out.fail(kBadInput, "--spec: cannot read '" + mf.spec +
                                      "' (or it is larger than 16 MiB, which no spec is)");
     // The spec is filled in and written out again below, which would keep
@@ -495,8 +511,8 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   pooch_train_default_params(&tp);
   tp.epochs = f.epochs;
   tp.warmup_steps = f.warmup_steps;
-  tp.lr_cosine = f.lr_schedule == "cosine" ? 1 : 0;
-  tp.lr_min_ratio = static_cast<float>(f.lr_min_ratio);
+  tp.lr_schedule = f.lr_schedule == "cosine" ? POOCH_LR_COSINE : POOCH_LR_PLATEAU;
+  tp.min_lr_ratio = static_cast<float>(f.lr_min_ratio);
   tp.rewire_every = f.rewire_every;
   tp.rewire_fraction = static_cast<float>(f.rewire_fraction);
   tp.plateau_factor = f.plateau_factor;

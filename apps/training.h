@@ -18,6 +18,8 @@ namespace cli {
 struct ModelFlags {
   static constexpr int64_t kAuto = -1;
   std::string spec;  // --spec model.json
+  // The spec's text when it was read already (a pipe reads once); else read from `spec`.
+  std::string spec_text;
   int64_t hidden = kAuto;
   int64_t bottleneck = 0;
   int64_t fan_in = kAuto;     // kAuto: a dense head where it is small, else 32
@@ -56,7 +58,7 @@ struct TrainFlags {
   float weight_decay = 0;
   int64_t warmup_steps = 0;
   std::string lr_schedule = "auto";  // constant or cosine (over the run's steps)
-  double lr_min_ratio = 0;           // where cosine ends, as a share of --lr
+  double lr_min_ratio = kAuto;       // where cosine ends, as a share of --lr
   int ensemble = 0;  // --ensemble: models averaged into one (0: by the model family)
   int64_t rewire_every = 0;
   double rewire_fraction = 0.1;
@@ -76,6 +78,9 @@ struct TrainFlags {
   // Fills in what was left to auto: the bag-of-words defaults (`bow`) or the
   // general ones. Idempotent; run_training resolves what is left with bow false.
   void resolve(bool bow);
+  // The same for a gpt model: a cosine schedule down to 0.1 of --lr, then
+  // the general defaults.
+  void resolve_gpt();
 };
 // `with_output`: --out/--checkpoint/--resume/--log (not for demo).
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output);
@@ -112,6 +117,12 @@ int propensity(const TrainFlags& f, const std::string& data_name, float* a, floa
 // the test set. Without either, nothing is held out and the test set is
 // evaluated after each epoch as a report. Exit code.
 int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output& out);
+// A spec file's text (at most 16 MiB); false when it cannot be read or is larger.
+bool read_spec_file(const std::string& path, std::string* text);
+
+// The command line as typed without --resume and --max-steps, then
+// "--resume CKPT": what continues an interrupted run.
+std::string resume_command(const std::string& ckpt);
 
 // Trains `model` (from a checkpoint with resume set: continues it). Saves the
 // final model to f.out unless `save` is false (then no checkpoint either).

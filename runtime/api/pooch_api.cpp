@@ -22,6 +22,7 @@
 #include "../core/op_registry.h"
 #include "../models/build.h"
 #include "../train/generate.h"
+#include "../train/lm_data.h"
 #include "../train/model_io.h"
 #include "../train/trainer.h"
 #include "../train/xmc_session.h"
@@ -312,10 +313,12 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     o.momentum = p->momentum;
     const bool resume =
         model->file && model->file->checkpoint && !model->head_replaced && p->resume;
+    model->model();
+    // GPT-2's convention (and nanoGPT's): biases and layernorm gains do not decay.
+    if (model->built->family == "gpt") o.decay_vectors = false;
     if (resume) c.optimizer = model->file->optimizer;
     auto s = std::make_unique<pooch_session>();
     auto note = [](void*, const char* line) { log_line(POOCH_LOG_INFO, line); };
-    model->model();
     if (model->built->family == "xmc")
       s->xmc = std::make_unique<pooch::XmcSession>(model->built, c, note, nullptr);
     else
@@ -763,6 +766,26 @@ pooch_status pooch_model_set_max_labels(pooch_model* m, int64_t max_labels) {
   });
 }
 
+pooch_status pooch_model_set_sequence_length(pooch_model* m, int64_t tokens) {
+  POOCH_REQUIRE_ARG(m, "pooch_model_set_sequence_length: model must not be NULL");
+  return guarded([&] {
+    require_spec(m, "pooch_model_set_sequence_length");
+    if (m->spec.family != pooch::Family::gpt)
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("pooch_model_set_sequence_length: the model is of family "
+                                     "'{}'; only gpt models have a sequence length",
+                                     m->model().family));
+    if (tokens < 0 || tokens > m->spec.gpt.n_ctx)
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("pooch_model_set_sequence_length: {} tokens per row; the "
+                                     "model's context length (n_ctx) is {}, so use 1 to {}",
+                                     tokens, m->spec.gpt.n_ctx, m->spec.gpt.n_ctx));
+    pooch::ModelSpec s = m->spec;
+    s.run.seq = tokens;
+    m->set_spec(s);
+  });
+}
+
 const char* pooch_model_spec_json(const pooch_model* m) {
   return m ? m->spec_json.c_str() : "";
 }
@@ -934,9 +957,97 @@ void pooch_train_default_params(pooch_train_params* p) {
   p->data_seed = d.data_seed;
   p->psp_a = static_cast<float>(d.psp_a);
   p->psp_b = static_cast<float>(d.psp_b);
+  p->max_steps = d.max_steps;
+  p->lr_schedule = d.cosine ? POOCH_LR_COSINE : POOCH_LR_PLATEAU;
+  p->min_lr_ratio = static_cast<float>(d.min_lr_ratio);
+}
+
+void pooch_lm_default_params(pooch_lm_params* p) {
+  if (!p) return;
+  std::memset(p, 0, sizeof(*p));
+  const pooch::LmTrainConfig d;
+  p->val_fraction = d.val_fraction;
+  p->eval_every = d.eval_every;
 }
 
 namespace {
+
+void to_c(const pooch::XmcMetricsResult& r, pooch_metrics* out);
+
+// The trainer's configuration from the C parameters (pooch_train and
+// pooch_train_tokens), with the data's fingerprint checked against a
+// resumed checkpoint's.
+pooch::TrainConfig train_config(const pooch_session* s, const pooch_train_params* p,
+                                const std::string& fingerprint, const char* call) {
+  pooch::TrainConfig c;
+  c.epochs = p->epochs;
+  c.warmup_steps = p->warmup_steps;
+  if (p->rewire_every < 0 || !(p->rewire_fraction >= 0 && p->rewire_fraction <= 1))
+    throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                       fmt::format("{}: rewire_every must be >= 0 and rewire_fraction "
+                                   "in [0, 1]; got {} and {}",
+                                   call, p->rewire_every, p->rewire_fraction));
+  if (p->max_steps < 0 ||
+      (p->lr_schedule != POOCH_LR_PLATEAU && p->lr_schedule != POOCH_LR_COSINE) ||
+      !(p->min_lr_ratio >= 0 && p->min_lr_ratio <= 1))
+    throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                       fmt::format("{}: max_steps must be >= 0, lr_schedule a pooch_lr_schedule "
+                                   "and min_lr_ratio in [0, 1]; got {}, {} and {}",
+                                   call, p->max_steps, p->lr_schedule, p->min_lr_ratio));
+  c.rewire_every = p->rewire_every;
+  c.rewire_fraction = p->rewire_fraction;
+  c.plateau_factor = p->plateau_factor;
+  c.plateau_patience = p->plateau_patience;
+  c.early_stop_patience = p->early_stop_patience;
+  c.shuffle = p->shuffle != 0;
+  c.data_seed = p->data_seed;
+  c.psp_a = p->psp_a;
+  c.psp_b = p->psp_b;
+  c.max_steps = p->max_steps;
+  c.cosine = p->lr_schedule == POOCH_LR_COSINE;
+  c.min_lr_ratio = p->min_lr_ratio;
+  if (p->checkpoint_path) c.checkpoint_path = p->checkpoint_path;
+  c.data_fingerprint = fingerprint;
+  if (!s->resumed_from.empty() && !s->state.data_fingerprint.empty() &&
+      s->state.data_fingerprint != c.data_fingerprint && !p->allow_other_data)
+    throw pooch::Error(
+        POOCH_ERR_BAD_INPUT,
+        fmt::format("{} was trained on other data: the checkpoint's training data have "
+                    "fingerprint {}, the data given now {}; resume with the data it was "
+                    "trained on, or allow the change (pooch-run: --force; C API: "
+                    "pooch_train_params.allow_other_data)",
+                    s->resumed_from, s->state.data_fingerprint, c.data_fingerprint));
+  return c;
+}
+
+// The C callbacks behind the trainer's; `last_eval` (may be null) holds the
+// XMC metrics an epoch report carries.
+pooch::TrainCallbacks train_callbacks(pooch_session* s, const pooch_train_params* p,
+                                      const pooch::XmcMetricsResult* last_eval) {
+  pooch::TrainCallbacks cb;
+  cb.on_step = [s, p](uint64_t step, float loss, int64_t epoch, int64_t batch, int64_t batches) {
+    if (s->progress && !s->progress(s->progress_user, static_cast<int64_t>(step), loss))
+      return false;
+    return !p->on_step || p->on_step(p->user, static_cast<int64_t>(step), loss,
+                                     static_cast<int>(epoch) + 1, batch + 1, batches) != 0;
+  };
+  cb.on_epoch = [p, last_eval](const pooch::EpochReport& r) {
+    if (!p->on_epoch) return;
+    pooch_epoch_report c_rep;
+    std::memset(&c_rep, 0, sizeof(c_rep));
+    c_rep.epoch = static_cast<int>(r.epoch);
+    c_rep.train_loss = r.train_loss;
+    c_rep.seconds = r.seconds;
+    c_rep.learning_rate = r.lr;
+    c_rep.evaluated = r.evaluated && last_eval ? 1 : 0;
+    if (c_rep.evaluated) to_c(*last_eval, &c_rep.eval);
+    c_rep.improved = r.improved;
+    c_rep.reduced_lr = r.reduced_lr;
+    c_rep.stopping = r.stopping;
+    p->on_epoch(p->user, &c_rep);
+  };
+  return cb;
+}
 
 void to_c(const pooch::XmcMetricsResult& r, pooch_metrics* out) {
   std::memset(out, 0, sizeof(*out));
@@ -958,65 +1069,46 @@ pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const poo
   POOCH_REQUIRE_ARG(p->plateau_factor > 0 && p->plateau_factor <= 1,
                     "pooch_train: plateau_factor must be in (0, 1]");
   return guarded([&] {
-    pooch::TrainConfig c;
-    c.epochs = p->epochs;
-    c.warmup_steps = p->warmup_steps;
-    if (!(p->lr_min_ratio >= 0 && p->lr_min_ratio <= 1))
-      throw pooch::Error(
-          POOCH_ERR_INVALID_ARG,
-          fmt::format("pooch_train: lr_min_ratio must be in [0, 1]; got {}", p->lr_min_ratio));
-    c.cosine = p->lr_cosine != 0;
-    c.lr_min_ratio = p->lr_min_ratio;
-    if (p->rewire_every < 0 || !(p->rewire_fraction >= 0 && p->rewire_fraction <= 1))
-      throw pooch::Error(POOCH_ERR_INVALID_ARG,
-                         fmt::format("pooch_train: rewire_every must be >= 0 and rewire_fraction "
-                                     "in [0, 1]; got {} and {}",
-                                     p->rewire_every, p->rewire_fraction));
-    c.rewire_every = p->rewire_every;
-    c.rewire_fraction = p->rewire_fraction;
-    c.plateau_factor = p->plateau_factor;
-    c.plateau_patience = p->plateau_patience;
-    c.early_stop_patience = p->early_stop_patience;
-    c.shuffle = p->shuffle != 0;
-    c.data_seed = p->data_seed;
-    c.psp_a = p->psp_a;
-    c.psp_b = p->psp_b;
-    if (p->checkpoint_path) c.checkpoint_path = p->checkpoint_path;
-    c.data_fingerprint = pooch::data_fingerprint(train->data);
-    if (!s->resumed_from.empty() && !s->state.data_fingerprint.empty() &&
-        s->state.data_fingerprint != c.data_fingerprint && !p->allow_other_data)
-      throw pooch::Error(
-          POOCH_ERR_BAD_INPUT,
-          fmt::format("{} was trained on other data: the checkpoint's training data have "
-                      "fingerprint {}, the data given now {}; resume with the data it was "
-                      "trained on, or allow the change (pooch-run: --force; C API: "
-                      "pooch_train_params.allow_other_data)",
-                      s->resumed_from, s->state.data_fingerprint, c.data_fingerprint));
-    pooch::TrainCallbacks cb;
+    pooch::TrainConfig c = train_config(s, p, pooch::data_fingerprint(train->data), "pooch_train");
     pooch::XmcMetricsResult last_eval;
-    cb.on_step = [&](uint64_t step, float loss, int64_t epoch, int64_t batch, int64_t batches) {
-      if (s->progress && !s->progress(s->progress_user, static_cast<int64_t>(step), loss))
-        return false;
-      return !p->on_step || p->on_step(p->user, static_cast<int64_t>(step), loss,
-                                       static_cast<int>(epoch) + 1, batch + 1, batches) != 0;
-    };
-    cb.on_epoch = [&](const pooch::EpochReport& r) {
-      if (!p->on_epoch) return;
-      pooch_epoch_report c_rep;
-      std::memset(&c_rep, 0, sizeof(c_rep));
-      c_rep.epoch = static_cast<int>(r.epoch);
-      c_rep.train_loss = r.train_loss;
-      c_rep.seconds = r.seconds;
-      c_rep.learning_rate = r.lr;
-      c_rep.evaluated = r.evaluated ? 1 : 0;
-      if (r.evaluated) to_c(last_eval, &c_rep.eval);
-      c_rep.improved = r.improved;
-      c_rep.reduced_lr = r.reduced_lr;
-      c_rep.stopping = r.stopping;
-      p->on_epoch(p->user, &c_rep);
-    };
+    const pooch::TrainCallbacks cb = train_callbacks(s, p, &last_eval);
     pooch::train_xmc(s->impl("pooch_train"), train->data, test ? &test->data : nullptr, c, s->state,
                      cb, &last_eval);
+  });
+}
+
+pooch_status pooch_train_tokens(pooch_session* s, const int32_t* tokens, int64_t count,
+                                const pooch_train_params* p, const pooch_lm_params* lm) {
+  POOCH_REQUIRE_ARG(s && p && lm && (tokens || count == 0),
+                    "pooch_train_tokens: session, tokens, params and lm must not be NULL");
+  POOCH_REQUIRE_ARG(count >= 0, "pooch_train_tokens: count must not be negative");
+  POOCH_REQUIRE_ARG(p->epochs >= 0, "pooch_train_tokens: epochs must not be negative");
+  POOCH_REQUIRE_ARG(p->plateau_factor > 0 && p->plateau_factor <= 1,
+                    "pooch_train_tokens: plateau_factor must be in (0, 1]");
+  POOCH_REQUIRE_ARG(lm->eval_every >= 0, "pooch_train_tokens: eval_every must not be negative");
+  return guarded([&] {
+    pooch::Session& sess = s->session();
+    if (sess.model().family != "gpt")
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("pooch_train_tokens: the model is of family '{}'; token "
+                                     "streams train a gpt model",
+                                     sess.model().family));
+    const pooch::ModelSpec spec =
+        pooch::spec_from_json(sess.model().spec_json, "the session's model spec");
+    pooch::LmTrainConfig c;
+    c.train = train_config(s, p, pooch::token_fingerprint(tokens, count), "pooch_train_tokens");
+    c.val_fraction = lm->val_fraction;
+    c.eval_every = lm->eval_every;
+    c.inputs = {"batch.tokens", "batch.targets"};
+    const std::vector<int32_t> v(tokens, tokens + count);
+    const pooch::TrainCallbacks cb = train_callbacks(s, p, nullptr);
+    pooch::train_lm(
+        sess, v, spec.gpt.vocab_size, c, s->state, cb,
+        [&](const pooch::LmEvalReport& r) {
+          if (lm->on_eval)
+            lm->on_eval(p->user, static_cast<int64_t>(r.step), r.eval.loss, r.eval.perplexity);
+        },
+        "the token stream");
   });
 }
 

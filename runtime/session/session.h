@@ -135,6 +135,7 @@ class Session {
   uint64_t optimizer_step() const { return ctx_->step; }
   void set_optimizer_step(uint64_t s) { ctx_->step = s; }
   void set_lr_scale(double s) { ctx_->lr_scale = s; }
+  double lr_scale() const { return ctx_->lr_scale; }
   const OptimizerConfig& optimizer() const { return cfg_.optimizer; }
   const char* backend_name() const { return backend_->name(); }
   Backend& backend() const { return *backend_; }

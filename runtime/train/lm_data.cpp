@@ -1,6 +1,7 @@
 #include "lm_data.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +37,7 @@ LmSplit split_tokens(const std::vector<int32_t>& tokens, int64_t context, double
   s.train = {tokens.data(), std::max<int64_t>(n - val, 0), context};
   s.val = {tokens.data() + s.train.count, n - s.train.count, context};
   if (s.train.rows() == 0 || (val_fraction > 0 && s.val.rows() == 0))
-    throw Error(POOCH_ERR_INVALID_ARG,
+    throw Error(POOCH_ERR_BAD_INPUT,
                 fmt::format("{}: {} tokens give {} training and {} validation windows of {} + 1 "
                             "tokens; each part needs at least one (more data, a shorter context "
                             "or another validation fraction)",
@@ -91,6 +92,18 @@ LmEval evaluate_lm(Session& s, const LmWindows& w, const LmInputs& in) {
   return r;
 }
 
+std::string token_fingerprint(const int32_t* tokens, int64_t count) {
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) throw std::bad_alloc();
+  XXH3_64bits_reset(st);
+  const auto n = static_cast<uint64_t>(count);
+  XXH3_64bits_update(st, &n, sizeof n);
+  if (n) XXH3_64bits_update(st, tokens, n * sizeof(int32_t));
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return fmt::format("xxh3 {:016x} ({} tokens)", h, count);
+}
+
 int64_t lm_context(const Model& m, const LmInputs& in) {
   const IoTensor* t = m.find_input(in.tokens);
   if (!t)
@@ -112,12 +125,21 @@ void train_lm(Session& s, const std::vector<int32_t>& tokens, int64_t vocab,
   const LmSplit split = split_tokens(tokens, context, cfg.val_fraction, source);
   LmBatchSource src(s, split.train, cfg.inputs);
   const bool validate = split.val.rows() > 0;
-  auto measure = [&] { return evaluate_lm(s, split.val, cfg.inputs); };
+  // The weights change only with the step, so a validation at the step of
+  // the last one (eval_every landing on an epoch's end) is that one.
+  uint64_t measured_at = 0;
+  LmEval measured;
+  auto measure = [&] {
+    measured = evaluate_lm(s, split.val, cfg.inputs);
+    measured_at = s.optimizer_step();
+    return measured;
+  };
   EvalFn eval;
   if (validate)
     eval = [&] {
-      const LmEval e = measure();
-      if (on_eval) on_eval({s.optimizer_step(), e});
+      const bool fresh = measured_at == 0 || measured_at != s.optimizer_step();
+      const LmEval e = fresh ? measure() : measured;
+      if (on_eval && fresh) on_eval({s.optimizer_step(), e});
       EvalResult r;
       r.score = -e.loss;
       r.metrics = {{"val_loss", e.loss}, {"perplexity", e.perplexity}};

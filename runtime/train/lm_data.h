@@ -39,7 +39,9 @@ struct LmWindows {
 // The training and validation parts of one stream: the last
 // round(val_fraction * count) tokens (at least context + 1 when the fraction
 // is positive) are for validation, the rest for training. Error
-// POOCH_ERR_INVALID_ARG when either part holds no window, naming the counts.
+// POOCH_ERR_BAD_INPUT (the data are too short for the model) when either
+// part holds no window, naming the counts; POOCH_ERR_INVALID_ARG for a
+// context or fraction out of range.
 struct LmSplit {
   LmWindows train, val;
 };
@@ -77,6 +79,11 @@ LmEval evaluate_lm(Session& s, const LmWindows& w, const LmInputs& in = {});
 // tokens input ([B, T], or [B, T + 1] without a targets input). Error
 // POOCH_ERR_INVALID_ARG when the model has no such input.
 int64_t lm_context(const Model& m, const LmInputs& in = {});
+
+// What identifies a token stream (TrainConfig::data_fingerprint): an xxh3-64
+// hash over the count and every id, with the count in words, e.g.
+// "xxh3 5f0c5e2a91d3b7e4 (204674 tokens)".
+std::string token_fingerprint(const int32_t* tokens, int64_t count);
 
 struct LmTrainConfig {
   TrainConfig train;

@@ -245,6 +245,13 @@ void restore_tensors(Session& s, const PoochFile& f, bool with_state,
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     if (!carried(d.role, with_state)) continue;
     if (!skip_prefix.empty() && d.name.rfind(skip_prefix, 0) == 0) continue;
+    // A constant the builder computes from the run shape (the gpt family's
+    // pos.ids [batch, seq]) keeps the session's own value: the file's is for
+    // the run shape it was written with, which a finetune may change.
+    if (!d.trainable)
+      if (const auto init = s.model().init.find(d.name);
+          init != s.model().init.end() && init->second.kind == WeightInit::Kind::positions)
+        continue;
     const TensorEntry* e = f.find(d.name);
     if (!e)
       throw Error(POOCH_ERR_BAD_INPUT,

@@ -50,7 +50,8 @@ LoadedFile load_model_file(const std::string& path);
 // Copies the file's tensors into the session: every weight (and with
 // `with_state`, every optimizer state) of the session must be in the file
 // with the same dtype and shape, except those whose names start with
-// `skip_prefix` (finetuning a new head), which keep their initial values.
+// `skip_prefix` (finetuning a new head), which keep their initial values,
+// as do the constants a builder derives from the run shape (positions).
 void restore_tensors(Session& s, const PoochFile& f, bool with_state,
                      std::string_view skip_prefix = {});
 

@@ -39,11 +39,12 @@ std::vector<int64_t> epoch_order(int64_t rows, uint64_t seed, int64_t epoch, boo
   return order;
 }
 
-// `step`: the optimizer updates done so far; `total`: the run's updates.
+// The factor for the update after `step` updates (the optimizer step about
+// to be taken is step + 1); `total` is the run's last step, for the cosine.
 double lr_scale_at(const TrainConfig& cfg, const TrainerState& st, uint64_t step, uint64_t total) {
-  if (cfg.cosine)  // its warm-up included
-    return cosine_lr_scale(step + 1, static_cast<uint64_t>(std::max<int64_t>(0, cfg.warmup_steps)),
-                           total, cfg.lr_min_ratio) *
+  if (cfg.cosine)
+    return cosine_lr_scale(step + 1, static_cast<uint64_t>(cfg.warmup_steps), total,
+                           cfg.min_lr_ratio) *
            st.plateau_scale;
   double warm = 1.0;
   if (cfg.warmup_steps > 0)
@@ -253,11 +254,21 @@ void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig&
 
   const int64_t rows = data.rows();
   const int64_t batches = (rows + batch - 1) / batch;
-  const auto total = static_cast<uint64_t>(std::max<int64_t>(0, cfg.epochs) * batches);
+  const auto total =
+      static_cast<uint64_t>(cfg.max_steps > 0 ? cfg.max_steps : int64_t{cfg.epochs} * batches);
+  const auto step_cap_reached = [&] {
+    return cfg.max_steps > 0 && s.optimizer_step() >= static_cast<uint64_t>(cfg.max_steps);
+  };
   for (; st.epoch < cfg.epochs && !st.finished; ++st.epoch, st.position = 0, st.loss_sum = 0) {
+    // A run resumed from the checkpoint its last step wrote has nothing left.
+    if (step_cap_reached()) {
+      st.finished = true;
+      break;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int64_t> order = epoch_order(rows, cfg.data_seed, st.epoch, cfg.shuffle);
-    for (; st.position < batches; ++st.position) {
+    bool capped = false;
+    for (; st.position < batches && !capped; ++st.position) {
       const int64_t first = st.position * batch;
       data.load(order, first, std::min(batch, rows - first));
       s.set_lr_scale(lr_scale_at(cfg, st, s.optimizer_step(), total));
@@ -281,10 +292,13 @@ void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig&
                             ? ""
                             : "; checkpoint written to " + cfg.checkpoint_path));
       }
+      capped = step_cap_reached();
     }
+    // The last epoch of a run capped by max_steps may end early: its loss is
+    // the mean over the batches it ran.
     EpochReport rep;
     rep.epoch = st.epoch + 1;
-    rep.train_loss = batches ? st.loss_sum / static_cast<double>(batches) : 0;
+    rep.train_loss = st.position ? st.loss_sum / static_cast<double>(st.position) : 0;
     rep.lr = s.optimizer().lr * lr_scale_at(cfg, st, s.optimizer_step(), total);
     double score = -rep.train_loss;
     if (eval) {
@@ -309,6 +323,7 @@ void train(Session& s, BatchSource& data, const EvalFn& eval, const TrainConfig&
         st.finished = true;
       }
     }
+    if (capped) st.finished = true;
     if (cb.on_epoch) cb.on_epoch(rep);
     TrainerState next = st;
     ++next.epoch;

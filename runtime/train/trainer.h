@@ -21,11 +21,6 @@ namespace pooch {
 struct TrainConfig {
   int epochs = 10;
   int64_t warmup_steps = 0;  // linear warm-up of the learning rate over these steps
-  // Cosine decay of the learning rate over the whole run (epochs x batches
-  // steps) down to lr_min_ratio of it (lr_schedule.h); reduce-on-plateau
-  // still multiplies in where it is on.
-  bool cosine = false;
-  double lr_min_ratio = 0;
   double plateau_factor = 0.5;  // multiply the learning rate by this ...
   int plateau_patience = 2;     // ... after this many epochs without improvement (0: never)
   int early_stop_patience = 4;  // stop after this many epochs without improvement (0: never)
@@ -40,6 +35,15 @@ struct TrainConfig {
   double rewire_fraction = 0.1;
   // The training data's data_fingerprint, stored in every checkpoint ("": none).
   std::string data_fingerprint;
+  // Training ends (as after its last epoch) once the optimizer has taken
+  // this many steps in all, counted over resumes (0: epochs alone decide).
+  int64_t max_steps = 0;
+  // The learning-rate schedule: with `cosine`, warm-up over warmup_steps and
+  // then half a cosine down to min_lr_ratio at the run's last step (max_steps,
+  // else epochs x batches per epoch; lr_schedule.h); reduce-on-plateau still
+  // multiplies it when its patience is nonzero.
+  bool cosine = false;
+  double min_lr_ratio = 0.1;
 };
 
 // What a checkpoint carries besides the tensors (metadata keys train.*).

@@ -378,12 +378,12 @@ TEST(Api, CosineScheduleDecaysTheRateOverTheRun) {
   ASSERT_EQ(f.status, POOCH_OK) << pooch_last_error();
   pooch_train_params tp;
   pooch_train_default_params(&tp);
-  EXPECT_EQ(tp.lr_cosine, 0);
+  EXPECT_EQ(tp.lr_schedule, POOCH_LR_PLATEAU);
   tp.epochs = 4;
   tp.plateau_patience = 0;
   tp.early_stop_patience = 0;
-  tp.lr_cosine = 1;
-  tp.lr_min_ratio = 0.1f;
+  tp.lr_schedule = POOCH_LR_COSINE;
+  tp.min_lr_ratio = 0.1f;
   tp.on_epoch = record_lr;
   g_epoch_lr.clear();
   ASSERT_EQ(pooch_train(f.sess, f.ds, nullptr, &tp), POOCH_OK) << pooch_last_error();
@@ -396,7 +396,7 @@ TEST(Api, CosineScheduleDecaysTheRateOverTheRun) {
         1e-3 * (0.1 + 0.9 * 0.5 * (1 + std::cos(3.14159265358979323846 * std::min(t, 1.0))));
     EXPECT_NEAR(g_epoch_lr[e - 1], want, 1e-9) << "epoch " << e;
   }
-  tp.lr_min_ratio = 2;
+  tp.min_lr_ratio = 2;
   EXPECT_EQ(pooch_train(f.sess, f.ds, nullptr, &tp), POOCH_ERR_INVALID_ARG);
-  EXPECT_NE(std::string(pooch_last_error()).find("lr_min_ratio"), std::string::npos);
+  EXPECT_NE(std::string(pooch_last_error()).find("min_lr_ratio"), std::string::npos);
 }

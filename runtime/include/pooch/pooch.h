@@ -207,7 +207,8 @@ typedef struct pooch_session_params {
   pooch_optimizer optimizer;/* default ADAM */
   float learning_rate;      /* default 1e-3 */
   float beta1, beta2, eps;  /* Adam: 0.9, 0.999, 1e-8 */
-  float weight_decay;       /* default 0 (AdamW: decoupled) */
+  float weight_decay;       /* default 0 (AdamW: decoupled); gpt models: weights of rank 1
+                               (biases, layernorms) do not decay */
   float momentum;           /* SGD: default 0.9 */
   int deterministic;        /* prefer bitwise reproducible kernels (default 1) */
   int resume;               /* a model from a checkpoint: continue its optimizer state and
@@ -502,14 +503,26 @@ typedef struct pooch_train_params {
    * "train.data.fingerprint"); 1 allows it, and the run goes on with the new
    * data (default 0). */
   int allow_other_data;
-  /* 1: the learning rate follows half a cosine over the run (epochs x
-   * batches updates, after the warm-up) from the session's rate down to
-   * lr_min_ratio times it; 0 (the default): constant. Reduce-on-plateau still
-   * multiplies in where it is on. */
-  int lr_cosine;
-  float lr_min_ratio;   /* default 0 */
-  uint8_t reserved[40]; /* zero: room for new fields (see the top of this file) */
+  /* Training ends, as after its last epoch, once the optimizer has taken
+   * this many steps in all, counted over resumes (default 0: the epochs
+   * alone decide). */
+  int64_t max_steps;
+  /* A pooch_lr_schedule (default POOCH_LR_PLATEAU). */
+  int lr_schedule;
+  /* POOCH_LR_COSINE: the learning rate's floor, as a fraction of it, reached
+   * at the run's last step (default 0.1). */
+  float min_lr_ratio;
+  uint8_t reserved[32]; /* zero: room for new fields (see the top of this file) */
 } pooch_train_params;
+
+/* How the learning rate moves over a run. Both start with the linear
+ * warm-up of warmup_steps; reduce-on-plateau applies to both when
+ * plateau_patience is nonzero. */
+typedef enum pooch_lr_schedule {
+  POOCH_LR_PLATEAU = 0, /* constant after the warm-up */
+  POOCH_LR_COSINE = 1   /* then half a cosine down to min_lr_ratio at the last step (max_steps,
+                           else epochs x batches per epoch), as GPT-2 and nanoGPT train */
+} pooch_lr_schedule;
 
 POOCH_API void pooch_train_default_params(pooch_train_params* p);
 /* Trains (or, for a session from a checkpoint, resumes) over `train`;
@@ -554,6 +567,40 @@ POOCH_API pooch_status pooch_tokens_load(const char* path, int bytes, int32_t** 
 POOCH_API void pooch_tokens_free(int32_t** tokens);
 /* Writes ids (each in [0, 65535]) as an llm.c token file, atomically. */
 POOCH_API pooch_status pooch_tokens_save(const char* path, const int32_t* tokens, int64_t count);
+
+/* Tokens per training row of a gpt model (1 to its context length n_ctx;
+ * 0: n_ctx), as pooch_model_set_run_shape sets the rows per step. The
+ * weights are kept. POOCH_ERR_INVALID_ARG for other families or a length
+ * outside that range. */
+POOCH_API pooch_status pooch_model_set_sequence_length(pooch_model* model, int64_t tokens);
+
+typedef struct pooch_lm_params {
+  double val_fraction; /* the stream's tail held out for validation (default 0.1; 0: none) */
+  int64_t eval_every;  /* validate every this many steps too (default 0: after each epoch only) */
+  /* Each validation: the optimizer step, the mean cross-entropy per token
+   * (nats) over the held-out windows, and its exp (perplexity). `user` is
+   * the pooch_train_params' user. May be NULL. */
+  void (*on_eval)(void* user, int64_t step, double loss, double perplexity);
+  uint8_t reserved[64]; /* zero: room for new fields (see the top of this file) */
+} pooch_lm_params;
+
+POOCH_API void pooch_lm_default_params(pooch_lm_params* p);
+/* Trains a gpt session (or resumes it, from a checkpoint) on one stream of
+ * `count` token ids, each in [0, vocabulary): non-overlapping windows of the
+ * model's sequence length + 1 tokens (inputs, and targets shifted by one),
+ * in a seeded order per epoch (p->data_seed), with the last
+ * lm->val_fraction of the stream held out for validation. The epoch reports'
+ * `eval` stays zero (lm->on_eval has the validation figures) and the score
+ * for plateau and early stopping is the negated validation loss. Checkpoints,
+ * cancellation and bit-exact resume as pooch_train; a resumed session
+ * refuses other tokens than its checkpoint trained on unless
+ * p->allow_other_data (the fingerprint hashes every id). A token id
+ * outside the vocabulary, or too few tokens for a training and a validation
+ * window, is POOCH_ERR_BAD_INPUT naming the index and value or the counts;
+ * a session of another family POOCH_ERR_INVALID_ARG. */
+POOCH_API pooch_status pooch_train_tokens(pooch_session* s, const int32_t* tokens, int64_t count,
+                                          const pooch_train_params* p,
+                                          const pooch_lm_params* lm);
 
 /* GPT-2 checkpoints of other programs. Import reads a Hugging Face directory
  * (config.json + model.safetensors, as GPT2LMHeadModel.save_pretrained
