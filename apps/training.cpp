@@ -127,8 +127,6 @@ std::string resume_command(const std::string& ckpt) {
   return cmd + " --resume " + shell_quote(ckpt);
 }
 
-}  // namespace
-
 void TrainFlags::resolve(bool bow) {
   if (epochs == kAuto) epochs = bow ? kBowEpochs : 10;
   if (lr < 0) lr = bow ? kBowLr : 1e-3f;

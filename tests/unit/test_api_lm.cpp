@@ -150,7 +150,9 @@ pooch_status train(const std::string& from, const std::string& ckpt, int64_t sto
   pooch_status st = from.empty() ? pooch_model_create_from_spec(kTinyGpt, "tiny", &m)
                                  : pooch_model_load(from.c_str(), &m);
   EXPECT_EQ(st, POOCH_OK) << pooch_last_error();
-  if (from.empty()) EXPECT_EQ(pooch_model_set_sequence_length(m, 16), POOCH_OK);
+  if (from.empty()) {
+    EXPECT_EQ(pooch_model_set_sequence_length(m, 16), POOCH_OK);
+  }
   pooch_session_params sp;
   pooch_session_default_params(&sp);
   sp.device = POOCH_DEVICE_CPU;
