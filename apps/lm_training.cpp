@@ -61,53 +61,13 @@ Json spec_of(const pooch_model* m) {
   return j.is_object() ? j : Json::object();
 }
 
-struct LmRun {
-  Progress* progress = nullptr;
-  FILE* log = nullptr;
-  int64_t steps = 0;  // of this run
-  int64_t max_steps = 0;
-  bool stopped_by_max = false;
-  int64_t last_step = 0;
-  int last_epoch = 0;
-  int64_t last_batch = 0, batches = 0;
-  Json epochs = Json::array();
+// A training run's state, and the validation results of a language model.
+struct LmRun : RunState {
   Json evals = Json::array();
 };
 
-void log_line(FILE* log, const Json& j) {
-  if (!log) return;
-  std::fprintf(log, "%s\n", j.dump().c_str());
-  std::fflush(log);
-}
-
-int on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches) {
-  auto* r = static_cast<LmRun*>(user);
-  ++r->steps;
-  r->last_step = step;
-  r->last_epoch = epoch;
-  r->last_batch = batch;
-  r->batches = batches;
-  r->progress->step(step, loss, epoch, batch, batches);
-  if (r->log) {
-    Json j;
-    j["type"] = "step";
-    j["step"] = step;
-    j["epoch"] = epoch;
-    j["batch"] = batch;
-    j["batches"] = batches;
-    j["loss"] = tidy(loss);
-    std::fprintf(r->log, "%s\n", j.dump().c_str());
-  }
-  if (sigint_received()) return 0;
-  if (r->max_steps > 0 && r->steps >= r->max_steps) {
-    r->stopped_by_max = true;
-    return 0;
-  }
-  return 1;
-}
-
 void on_eval(void* user, int64_t step, double loss, double perplexity) {
-  auto* r = static_cast<LmRun*>(user);
+  auto* r = static_cast<LmRun*>(static_cast<RunState*>(user));
   r->progress->clear();
   std::printf("step %lld  validation loss %.5f  perplexity %.3f\n", static_cast<long long>(step),
               loss, perplexity);
@@ -123,19 +83,12 @@ void on_eval(void* user, int64_t step, double loss, double perplexity) {
 }
 
 void on_epoch(void* user, const pooch_epoch_report* rep) {
-  auto* r = static_cast<LmRun*>(user);
+  auto* r = static_cast<LmRun*>(static_cast<RunState*>(user));
   r->progress->clear();
   std::printf("epoch %d  train loss %.5f  %.1f s  lr %.3g%s\n", rep->epoch, rep->train_loss,
               rep->seconds, rep->learning_rate, rep->stopping ? "  (early stop)" : "");
   std::fflush(stdout);
-  Json j;
-  j["epoch"] = rep->epoch;
-  j["loss"] = rep->train_loss;
-  j["seconds"] = rep->seconds;
-  j["lr"] = tidy(static_cast<float>(rep->learning_rate));
-  j["improved"] = rep->improved != 0;
-  j["reduced_lr"] = rep->reduced_lr != 0;
-  j["stopping"] = rep->stopping != 0;
+  const Json j = epoch_json(*rep);  // no "eval": a language model's are in on_eval
   r->epochs.push_back(j);
   Json l = {{"type", "epoch"}};
   for (auto& [k, v] : j.items()) l[k] = v;
@@ -286,9 +239,9 @@ int run_lm_training(pooch_model* model, bool resume, const std::string& data, co
   state.progress = &progress;
   state.log = log_file.f;
   state.max_steps = f.max_steps;
-  tp.on_step = on_step;
+  tp.on_step = run_on_step;
   tp.on_epoch = on_epoch;
-  tp.user = &state;
+  tp.user = static_cast<RunState*>(&state);  // run_on_step's; the others cast back
 
   const auto t0 = std::chrono::steady_clock::now();
   pooch_status st;

@@ -18,56 +18,14 @@ namespace cli {
 
 namespace {
 
-struct RunState {
-  Progress* progress = nullptr;
-  FILE* log = nullptr;
-  int64_t steps = 0;  // of this run
-  int64_t max_steps = 0;
-  bool stopped_by_max = false;
-  int64_t last_step = 0;
-  int last_epoch = 0;
-  int64_t last_batch = 0, batches = 0;
-  Json epochs = Json::array();
-};
-
-int on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches) {
-  auto* r = static_cast<RunState*>(user);
-  ++r->steps;
-  r->last_step = step;
-  r->last_epoch = epoch;
-  r->last_batch = batch;
-  r->batches = batches;
-  r->progress->step(step, loss, epoch, batch, batches);
-  if (r->log) {
-    Json j;
-    j["type"] = "step";
-    j["step"] = step;
-    j["epoch"] = epoch;
-    j["batch"] = batch;
-    j["batches"] = batches;
-    j["loss"] = tidy(loss);
-    std::fprintf(r->log, "%s\n", j.dump().c_str());
-  }
-  if (sigint_received()) return 0;
-  if (r->max_steps > 0 && r->steps >= r->max_steps) {
-    r->stopped_by_max = true;
-    return 0;
-  }
-  return 1;
-}
-
 void on_epoch(void* user, const pooch_epoch_report* rep) {
   auto* r = static_cast<RunState*>(user);
   r->progress->epoch(*rep);
   Json j = epoch_json(*rep);
   r->epochs.push_back(j);
-  if (r->log) {
-    Json l;
-    l["type"] = "epoch";
-    for (auto& [k, v] : j.items()) l[k] = v;
-    std::fprintf(r->log, "%s\n", l.dump().c_str());
-    std::fflush(r->log);
-  }
+  Json l = {{"type", "epoch"}};
+  for (auto& [k, v] : j.items()) l[k] = v;
+  log_line(r->log, l);
 }
 
 // At most `limit` bytes: /dev/zero as a spec must not fill the memory.
@@ -106,6 +64,38 @@ std::string repeated_key(const std::string& text) {
 }
 
 }  // namespace
+
+int run_on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches) {
+  auto* r = static_cast<RunState*>(user);
+  ++r->steps;
+  r->last_step = step;
+  r->last_epoch = epoch;
+  r->last_batch = batch;
+  r->batches = batches;
+  r->progress->step(step, loss, epoch, batch, batches);
+  if (r->log) {
+    Json j;
+    j["type"] = "step";
+    j["step"] = step;
+    j["epoch"] = epoch;
+    j["batch"] = batch;
+    j["batches"] = batches;
+    j["loss"] = tidy(loss);
+    std::fprintf(r->log, "%s\n", j.dump().c_str());
+  }
+  if (sigint_received()) return 0;
+  if (r->max_steps > 0 && r->steps >= r->max_steps) {
+    r->stopped_by_max = true;
+    return 0;
+  }
+  return 1;
+}
+
+void log_line(FILE* log, const Json& j) {
+  if (!log) return;
+  std::fprintf(log, "%s\n", j.dump().c_str());
+  std::fflush(log);
+}
 
 bool read_spec_file(const std::string& path, std::string* text) {
   return read_file_limited(path, text);
@@ -540,7 +530,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   state.progress = &progress;
   state.log = log;
   state.max_steps = f.max_steps;
-  tp.on_step = on_step;
+  tp.on_step = run_on_step;
   tp.on_epoch = on_epoch;
   tp.user = &state;
 

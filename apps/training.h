@@ -2,11 +2,13 @@
 // training flags, and the run itself (session, pooch_train with progress,
 // the JSONL log, Ctrl-C, the checkpoint, the final model).
 #pragma once
+#include <cstdio>
 #include <functional>
 #include <string>
 
 #include "cli_common.h"
 #include "data_args.h"
+#include "progress.h"
 
 namespace cli {
 
@@ -117,6 +119,27 @@ int propensity(const TrainFlags& f, const std::string& data_name, float* a, floa
 // the test set. Without either, nothing is held out and the test set is
 // evaluated after each epoch as a report. Exit code.
 int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output& out);
+// What the step and epoch callbacks of a pooch-run training run keep
+// (tp.user points at it): the progress line, the --log file, the steps of
+// this run (the hidden --max-steps stops it as Ctrl-C does), where it
+// stopped, and the epochs' JSON.
+struct RunState {
+  Progress* progress = nullptr;
+  FILE* log = nullptr;
+  int64_t steps = 0;  // of this run
+  int64_t max_steps = 0;
+  bool stopped_by_max = false;
+  int64_t last_step = 0;
+  int last_epoch = 0;
+  int64_t last_batch = 0, batches = 0;
+  Json epochs = Json::array();
+};
+// pooch_train_params.on_step for a RunState: progress, a --log line, and
+// stop on Ctrl-C or the step cap.
+int run_on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, int64_t batches);
+// One JSON line to the --log file (none: nothing).
+void log_line(FILE* log, const Json& j);
+
 // A spec file's text (at most 16 MiB); false when it cannot be read or is larger.
 bool read_spec_file(const std::string& path, std::string* text);
 
