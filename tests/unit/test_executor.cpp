@@ -223,6 +223,24 @@ TEST(ModelSpec, ANumberTooLargeIsABadInputError) {
   }
 }
 
+// A value of the wrong type where the reader asks the JSON library for one
+// (found by fuzz_model_spec) is a bad-input error naming the file, not an
+// exception out of the library.
+TEST(ModelSpec, AValueOfTheWrongTypeIsABadInputError) {
+  for (const char* text :
+       {R"({"input": {"kind": 4294967297, "width": 3}, "labels": 2, "layers": []})",
+        R"({"input": {"kind": "sparse", "width": 3}, "labels": 2, "batch": "many"})",
+        R"({"input": {"kind": "sparse", "width": 3}, "labels": 2, "seed": [1]})"}) {
+    try {
+      spec_from_json(text, "m.json");
+      FAIL() << "accepted " << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT) << text;
+      EXPECT_NE(std::string(e.what()).find("m.json"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ModelSpec, UnknownFieldsAreErrorsNamingThem) {
   const std::string good =
       R"({"input": {"kind": "sparse", "width": 10}, "labels": 4,
