@@ -23,6 +23,7 @@
 #include "../models/build.h"
 #include "../train/generate.h"
 #include "../train/lm_data.h"
+#include "api_guard.h"
 #include "../train/model_io.h"
 #include "../train/trainer.h"
 #include "../train/xmc_session.h"
@@ -236,12 +237,12 @@ void pooch_xmc_default_params(pooch_xmc_params* p) {
 pooch_status pooch_model_create_xmc(const pooch_xmc_params* p, pooch_model** out) {
   POOCH_REQUIRE_ARG(p && out, "pooch_model_create_xmc: params and out must not be NULL");
   *out = nullptr;
-  POOCH_REQUIRE_ARG(
-      p->loss >= POOCH_LOSS_BCE && p->loss <= POOCH_LOSS_SOFTMAX,
-      fmt::format("pooch_model_create_xmc: unknown loss {}", static_cast<int>(p->loss)));
+  const int loss_value = pooch::api::raw_enum(p->loss);
+  POOCH_REQUIRE_ARG(loss_value >= POOCH_LOSS_BCE && loss_value <= POOCH_LOSS_SOFTMAX,
+                    fmt::format("pooch_model_create_xmc: unknown loss {}", loss_value));
   return guarded([&] {
-    const pooch::LossKind loss = p->loss == POOCH_LOSS_BCE ? pooch::LossKind::bce
-                                 : p->loss == POOCH_LOSS_SQUARED_HINGE
+    const pooch::LossKind loss = loss_value == POOCH_LOSS_BCE ? pooch::LossKind::bce
+                                 : loss_value == POOCH_LOSS_SQUARED_HINGE
                                      ? pooch::LossKind::squared_hinge
                                      : pooch::LossKind::softmax;
     pooch::ModelSpec s = pooch::spec_from_flags(pooch::InputKind::sparse, p->features, p->labels,
@@ -284,11 +285,17 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
   *out = nullptr;
   POOCH_REQUIRE_ARG(p->learning_rate > 0, "pooch_session_create: learning_rate must be positive");
   POOCH_REQUIRE_ARG(p->threads >= 0, "pooch_session_create: threads must be >= 0");
+  const int device = pooch::api::raw_enum(p->device);
+  const int optimizer = pooch::api::raw_enum(p->optimizer);
+  POOCH_REQUIRE_ARG(device >= POOCH_DEVICE_AUTO && device <= POOCH_DEVICE_CUDA,
+                    fmt::format("pooch_session_create: unknown device {}", device));
+  POOCH_REQUIRE_ARG(optimizer >= POOCH_OPT_ADAM && optimizer <= POOCH_OPT_SGD,
+                    fmt::format("pooch_session_create: unknown optimizer {}", optimizer));
   return guarded([&] {
     pooch::SessionConfig c;
-    c.device = p->device == POOCH_DEVICE_CPU    ? pooch::DeviceKind::cpu
-               : p->device == POOCH_DEVICE_CUDA ? pooch::DeviceKind::cuda
-                                                : pooch::DeviceKind::automatic;
+    c.device = device == POOCH_DEVICE_CPU    ? pooch::DeviceKind::cpu
+               : device == POOCH_DEVICE_CUDA ? pooch::DeviceKind::cuda
+                                             : pooch::DeviceKind::automatic;
     c.device_memory = p->device_memory;
     c.threads = p->threads;
     c.deterministic = p->deterministic != 0;
@@ -302,8 +309,8 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     if (p->machine_file) c.machine = pooch::read_machine(p->machine_file);
     c.plan_only = p->plan_only != 0;
     auto& o = c.optimizer;
-    o.kind = p->optimizer == POOCH_OPT_SGD     ? pooch::OptimizerConfig::Kind::sgd
-             : p->optimizer == POOCH_OPT_ADAMW ? pooch::OptimizerConfig::Kind::adamw
+    o.kind = optimizer == POOCH_OPT_SGD     ? pooch::OptimizerConfig::Kind::sgd
+             : optimizer == POOCH_OPT_ADAMW ? pooch::OptimizerConfig::Kind::adamw
                                                : pooch::OptimizerConfig::Kind::adam;
     o.lr = p->learning_rate;
     o.beta1 = p->beta1;

@@ -233,6 +233,13 @@ static void test_session_calls(const char* dir) {
   sp.strategy = 1000;
   REFUSED(pooch_session_create(m, &sp, &s));
   sp.strategy = POOCH_STRATEGY_AUTO;
+  /* Enum fields holding no enumerator: refused, not taken for the default. */
+  sp.device = (pooch_device)77;
+  REFUSED(pooch_session_create(m, &sp, &s));
+  sp.device = POOCH_DEVICE_CPU;
+  sp.optimizer = (pooch_optimizer)-3;
+  REFUSED(pooch_session_create(m, &sp, &s));
+  sp.optimizer = POOCH_OPT_ADAM;
   sp.learning_rate = 0.f;
   REFUSED(pooch_session_create(m, &sp, &s));
   sp.learning_rate = 1e-3f;

@@ -34,6 +34,16 @@ void operator delete(void* p) noexcept {
 void operator delete(void* p, size_t) noexcept {
   std::free(p);
 }
+// The nothrow forms too (std::stable_sort's buffer takes one): left to the
+// runtime, their memory would come from another allocator than the free
+// above returns it to (AddressSanitizer: alloc-dealloc-mismatch).
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n ? n : 1);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
 
 namespace {
 

@@ -121,8 +121,10 @@ void add_conv(OpRegistry& r) {
                   const std::vector<char>& needs, std::span<TensorId> dx) {
     if (dy[0] == kNoTensor) return;
     const TensorId x = fwd.inputs[0], w = fwd.inputs[1];
-    const TensorDesc& xd = g.tensor(x);
-    const TensorDesc& wd = g.tensor(w);
+    // Copies: add_op grows the graph's tensor list, which would leave a
+    // reference dangling (found by AddressSanitizer in pooch-opcheck).
+    const TensorDesc xd = g.tensor(x);
+    const TensorDesc wd = g.tensor(w);
     const bool has_bias = fwd.inputs.size() > 2;
     if (needs[0]) {
       Attrs a = window_attrs(fwd.attrs);
