@@ -361,7 +361,9 @@ bool head_supported(const KernelArgs& a) {
          fits_int32(a.in[1].dim(1));
 }
 
-// The logit tile and, per row of a block, the running max, sum and target logit.
+// Per row of a block the running max, sum and target logit (doubles, first,
+// so that they are aligned whatever the tile's size; UBSan found them after
+// an odd-sized tile), then the logit tile.
 size_t head_ws(const KernelArgs& a) {
   const HeadDims h = head_dims(a);
   return static_cast<size_t>(h.rb * h.vc) * sizeof(float) +
@@ -405,8 +407,8 @@ void linear_xent_index(const KernelArgs& a) {
   const float* x = a.in[0].as<float>();
   const float* w = a.in[1].as<float>();
   const int32_t* cls = a.in[2].as<int32_t>();
-  float* S = static_cast<float*>(a.workspace);
-  auto* stats = reinterpret_cast<double*>(S + h.rb * h.vc);
+  auto* stats = static_cast<double*>(a.workspace);  // first: doubles need 8-byte alignment
+  float* S = reinterpret_cast<float*>(stats + 3 * h.rb);
   double loss = 0.0;
   int64_t n = 0;
   for (int64_t r0 = 0; r0 < h.rows; r0 += h.rb) {
@@ -428,8 +430,8 @@ void linear_xent_index_grad(const KernelArgs& a) {
   const int32_t* cls = a.in[2].as<int32_t>();
   float* dx = a.out[0].as<float>();
   float* dw = a.out[1].as<float>();
-  float* S = static_cast<float*>(a.workspace);
-  auto* stats = reinterpret_cast<double*>(S + h.rb * h.vc);
+  auto* stats = static_cast<double*>(a.workspace);  // first: doubles need 8-byte alignment
+  float* S = reinterpret_cast<float*>(stats + 3 * h.rb);
   const int nt = threads_of(a);
   int64_t n = 0;
   for (int64_t r = 0; r < h.rows; ++r) n += valid_id(cls[r], h.V) ? 1 : 0;

@@ -91,7 +91,7 @@ struct LogSink {
   std::mutex mu;
   pooch_log_fn fn = nullptr;
   void* user = nullptr;
-  pooch_log_level min_level = POOCH_LOG_INFO;
+  int min_level = POOCH_LOG_INFO;  // as the caller gave it (pooch::api::raw_enum)
 };
 LogSink& log_sink() {
   static LogSink s;
@@ -178,7 +178,7 @@ pooch::BatchView to_view(const pooch_batch* b) {
 extern "C" {
 
 const char* pooch_status_str(pooch_status status) {
-  switch (status) {
+  switch (pooch::api::raw_enum(status)) {
     case POOCH_OK:
       return "ok";
     case POOCH_ERR_INVALID_ARG:
@@ -220,7 +220,7 @@ void pooch_set_log(pooch_log_fn fn, void* user, pooch_log_level min_level) {
   std::lock_guard lock(s.mu);
   s.fn = fn;
   s.user = user;
-  s.min_level = min_level;
+  s.min_level = pooch::api::raw_enum(min_level);
 }
 
 void pooch_xmc_default_params(pooch_xmc_params* p) {
@@ -1223,11 +1223,12 @@ pooch_status pooch_session_set_input(pooch_session* s, const char* name, const v
 
 pooch_status pooch_session_run(pooch_session* s, pooch_program program) {
   POOCH_REQUIRE_ARG(s, "pooch_session_run: session must not be NULL");
+  const int program_value = pooch::api::raw_enum(program);
   POOCH_REQUIRE_ARG(
-      program >= POOCH_PROGRAM_TRAIN_STEP && program <= POOCH_PROGRAM_EVALUATE,
-      fmt::format("pooch_session_run: unknown program {}", static_cast<int>(program)));
+      program_value >= POOCH_PROGRAM_TRAIN_STEP && program_value <= POOCH_PROGRAM_EVALUATE,
+      fmt::format("pooch_session_run: unknown program {}", program_value));
   return guarded([&] {
-    s->session().run(static_cast<pooch::ProgramKind>(program));
+    s->session().run(static_cast<pooch::ProgramKind>(program_value));
     if (program == POOCH_PROGRAM_TRAIN_STEP && s->progress) {
       const pooch::Model& m = s->session().model();
       float loss;
