@@ -23,10 +23,10 @@
 #include "../models/build.h"
 #include "../train/generate.h"
 #include "../train/lm_data.h"
-#include "api_guard.h"
 #include "../train/model_io.h"
 #include "../train/trainer.h"
 #include "../train/xmc_session.h"
+#include "api_guard.h"
 #include "pooch/pooch.h"
 
 struct pooch_model {
@@ -311,7 +311,7 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     auto& o = c.optimizer;
     o.kind = optimizer == POOCH_OPT_SGD     ? pooch::OptimizerConfig::Kind::sgd
              : optimizer == POOCH_OPT_ADAMW ? pooch::OptimizerConfig::Kind::adamw
-                                               : pooch::OptimizerConfig::Kind::adam;
+                                            : pooch::OptimizerConfig::Kind::adam;
     o.lr = p->learning_rate;
     o.beta1 = p->beta1;
     o.beta2 = p->beta2;
