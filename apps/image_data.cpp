@@ -11,6 +11,14 @@ bool images_from_npy(const NpyArray& a, std::vector<float>* x, ImageShape* s, st
     *error = "images must be a 4-D array; it is " + npy_shape_str(a.shape);
     return false;
   }
+  // An image needs a channel and a pixel (found by fuzz_image_npy: a set
+  // shaped (4, 0, 4, 3) was taken for images of height 0).
+  for (size_t d = 1; d < 4; ++d)
+    if (a.shape[d] <= 0) {
+      *error = "images need at least one channel, row and column; this array is " +
+               npy_shape_str(a.shape);
+      return false;
+    }
   const int64_t N = a.shape[0];
   if (a.type == NpyType::u8) {
     // N×H×W×C bytes -> N×C×H×W floats in [0, 1].
