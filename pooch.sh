@@ -116,7 +116,7 @@ sanitize_fuzz() {
     -Dcpp_args=-fno-sanitize-recover=all -Dc_args=-fno-sanitize-recover=all
   # The fuzz targets alone: they link the readers' layers, not the kernels.
   ninja -C "$b" tests/fuzz/fuzz_{xmc_bow,xmc_split,xmc_cache,npy,pooch_file,model_spec} \
-    tests/fuzz/fuzz_{safetensors,llmc_tokens,bpe_tokenizer,image_npy}
+    tests/fuzz/fuzz_{safetensors,llmc_tokens,bpe_tokenizer,image_npy,gpt_checkpoint}
   if [ "${POOCH_FUZZ_SMOKE:-0}" = 1 ]; then
     # The test's smoke: the same inputs at every run (a fixed seed and at most
     # 100 000 executions, each target for at most 30 s), all of which ran

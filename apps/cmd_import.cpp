@@ -150,7 +150,7 @@ Command add_import(CLI::App& app) {
   c->add_option("--depth", o->depth,
                 "The depth (resnet 18, 34, 50, 101, 152; vgg 11, 13, 16, 19; default: counted "
                 "from the names)")
-      ->check(CLI::Range(1, 1000))
+      ->check(in_range(1, 1000, true))
       ->group("torchvision state dicts");
   c->add_option("--image-size", o->image_size,
                 "The images' size, S or HxW pixels (default 224; a vgg's follows from its "
@@ -158,7 +158,7 @@ Command add_import(CLI::App& app) {
       ->type_name("S|HxW")
       ->group("torchvision state dicts");
   c->add_option("--batch", o->batch, "Images per step the model is planned for (default 64)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+      ->check(in_range(1, kMaxBatch, true))
       ->group("torchvision state dicts");
   c->add_option("--normalize", o->normalize,
                 "imagenet: record torchvision's ImageNet mean and std, with which eval, predict "

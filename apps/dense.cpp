@@ -471,7 +471,7 @@ void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f) {
   app->add_option("--crop-pad", f.augment.pad,
                   "Image sets: random crops of each training image padded by this many zero "
                   "pixels (0: none), drawn from --seed, the epoch and the row")
-      ->check(CLI::Range(0, 1 << 16))
+      ->check(in_range(0, 1 << 16, true))
       ->group("Dense data");
   app->add_flag("--flip", f.augment.flip,
                 "Image sets: flip each training image horizontally with probability 1/2")
@@ -484,7 +484,7 @@ void add_dense_train_flags(CLI::App* app, DenseTrainFlags& f) {
                   "The fraction of training rows held out and evaluated after each epoch (dense "
                   "data; bag-of-words data: only when --plateau-patience or --early-stop is on, "
                   "which then decide on these rows, never on the --test set)")
-      ->check(CLI::Range(0.0, 0.9))
+      ->check(in_range(0.0, 0.9, false))
       ->capture_default_str()
       ->group("Dense data");
 }

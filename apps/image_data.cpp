@@ -19,7 +19,21 @@ bool images_from_npy(const NpyArray& a, std::vector<float>* x, ImageShape* s, st
                npy_shape_str(a.shape);
       return false;
     }
+  // One image's values must fit the models' 32-bit sizes, and the array must
+  // hold an image (found by fuzz_image_npy: (0, 4, 2^63-1, 8) holds no data,
+  // so the size check passed, and C×H×W overflowed).
+  constexpr int64_t kMaxImageValues = 2147483647;
+  if (a.shape[1] > kMaxImageValues / a.shape[2] ||
+      a.shape[1] * a.shape[2] > kMaxImageValues / a.shape[3]) {
+    *error =
+        "one image may hold at most 2147483647 values; this array is " + npy_shape_str(a.shape);
+    return false;
+  }
   const int64_t N = a.shape[0];
+  if (N == 0) {
+    *error = "the image set holds no images: its shape is " + npy_shape_str(a.shape);
+    return false;
+  }
   if (a.type == NpyType::u8) {
     // N×H×W×C bytes -> N×C×H×W floats in [0, 1].
     *s = {a.shape[3], a.shape[1], a.shape[2]};

@@ -454,6 +454,11 @@ expect range-scale 2 "$RUN" synth --scale 1e300 --out big
 expect range-propensity 2 "$RUN" train --data data --propensity 0.5,-2 --out r.pooch "${T[@]}"
 contains range-propensity-message range-propensity.err '^pooch-run: --propensity: .* out of range'
 if grep -q '^train:' range-propensity.out; then fail range-propensity-early; else pass range-propensity-early; fi
+expect range-crop-pad 2 "$RUN" train --data data --crop-pad 70000 --out r.pooch "${T[@]}"
+contains range-crop-pad-message range-crop-pad.err '^pooch-run: --crop-pad: 70000 is out of range: use an integer from 0 to 65536'
+expect range-valid-fraction 2 "$RUN" train --data data --valid-fraction 0.95 --out r.pooch "${T[@]}"
+expect range-import-depth 2 "$RUN" import --from nothing.safetensors --depth 0 --out r.pooch
+expect range-import-batch 2 "$RUN" import --from nothing.safetensors --batch 100000000 --out r.pooch
 # ... and so is every numeric spec field, naming it and the largest value allowed.
 spec_case() {  # NAME SPEC-JSON REGEX
   echo "$2" > "$1.json"

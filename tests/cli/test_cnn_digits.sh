@@ -130,6 +130,26 @@ expect rows_refused 2 "$RUN" train --data rows/X.npy --targets rows/Y.npy \
   --spec "$DATA/resnet_digits.json" --epochs 1 --out x.pooch "${T[@]}"
 contains "rows refused: names the data" rows_refused.err 'must be images'
 
+# Image arrays that hold no image are refused, naming the file and shape
+# (fuzz_image_npy found images_from_npy taking a zero height and overflowing
+# on (0, 4, 2^63-1, 8); pooch-run refuses such arrays before that).
+npy_u8() {  # FILE SHAPE: a uint8 .npy header with no data after it
+  local h="{'descr': '|u1', 'fortran_order': False, 'shape': $2, }"
+  printf '\x93NUMPY\x01\x00' > "$1"
+  printf "\\x$(printf %02x $((${#h} % 256)))\\x$(printf %02x $((${#h} / 256)))" >> "$1"
+  printf '%s' "$h" >> "$1"
+}
+npy_u8 zero_height.npy '(4, 0, 4, 3)'
+npy_u8 huge_width.npy '(0, 4, 9223372036854775807, 8)'
+npy_u8 no_images.npy '(0, 8, 8, 1)'
+for bad in zero_height huge_width no_images; do
+  expect "$bad" 2 "$RUN" train --data "$bad.npy" --targets "$DATA/digits_train_y.npy" \
+    --spec "$DATA/resnet_digits.json" --epochs 1 --out x.pooch "${T[@]}"
+done
+contains "zero height refused" zero_height.err 'zero_height.npy: the array \(4, 0, 4, 3\) is empty'
+contains "huge image refused" huge_width.err 'huge_width.npy: the array \(0, 4, 9223372036854775807, 8\) is empty'
+contains "no images refused" no_images.err 'no_images.npy: the array \(0, 8, 8, 1\) is empty'
+
 if [ "$failures" -gt 0 ]; then
   echo "$failures check(s) failed"
   exit 1

@@ -16,10 +16,11 @@ targets=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
 [ ${#targets[@]} -gt 0 ] || targets=(xmc_bow xmc_split xmc_cache npy pooch_file model_spec safetensors llmc_tokens
-  bpe_tokenizer image_npy)
+  bpe_tokenizer image_npy gpt_checkpoint)
 
 declare -A dict=([xmc_bow]=xmc_text [xmc_split]=xmc_text [npy]=npy [pooch_file]=pooch_file
-  [model_spec]=model_spec [safetensors]=safetensors [bpe_tokenizer]=bpe_tokenizer [image_npy]=npy)
+  [model_spec]=model_spec [safetensors]=safetensors [bpe_tokenizer]=bpe_tokenizer [image_npy]=npy
+  [gpt_checkpoint]=gpt_checkpoint)
 artifacts=${ARTIFACTS:-$(mktemp -d "${TMPDIR:-/tmp}/pooch-fuzz-artifacts.XXXXXX")}
 work=$(mktemp -d "${TMPDIR:-/tmp}/pooch-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
