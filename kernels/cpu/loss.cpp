@@ -31,7 +31,9 @@ int threads_of(const KernelArgs& a) {
 }
 
 // x[..., L] as [b, L]: every dimension but the last counts rows (the
-// label-CSR losses are rank 2 only; shape inference sees to it).
+// label-CSR losses are rank 2 only; shape inference sees to it). Read into
+// plain variables, not a structured binding: clang (the sanitizer build)
+// cannot capture a binding in an OpenMP region.
 struct Dims {
   int64_t b, l;
 };
@@ -108,7 +110,8 @@ size_t loss_workspace(const KernelArgs& a) {
 
 template <double (*Row)(const float*, const float*, int64_t)>
 void loss_fwd(const KernelArgs& a) {
-  const auto [b, l] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, l = d.l;
   float* out = a.out[0].as<float>();
   if (b == 0) {
     *out = 0.0f;  // the mean over no rows is defined as 0
@@ -149,7 +152,8 @@ void xent_grad_row(const float* x, const float* t, float* dx, int64_t l, float k
 
 template <void (*Row)(const float*, const float*, float*, int64_t, float)>
 void loss_grad(const KernelArgs& a) {
-  const auto [b, l] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, l = d.l;
   if (b == 0) return;
   const float* x = a.in[0].as<const float>();
   const float* t = a.in[1].as<const float>();
@@ -304,7 +308,8 @@ size_t csr_loss_workspace(const KernelArgs& a) {
 
 template <double (*Row)(const float*, int64_t, RowLabels, int32_t*)>
 void csr_loss_fwd(const KernelArgs& a) {
-  const auto [b, l] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, l = d.l;
   float* out = a.out[0].as<float>();
   if (b == 0) {
     *out = 0.0f;  // the mean over no rows is defined as 0
@@ -365,7 +370,8 @@ void xent_csr_grad_row(const float* x, float* dx, int64_t l, RowLabels lab, floa
 
 template <void (*Row)(const float*, float*, int64_t, RowLabels, float)>
 void csr_loss_grad(const KernelArgs& a) {
-  const auto [b, l] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, l = d.l;
   if (b == 0) return;
   const float* x = a.in[0].as<const float>();
   const int32_t* lptr = a.in[1].as<const int32_t>();
@@ -395,7 +401,8 @@ double weight_sum(const float* w, int64_t b) {
 }
 
 void mse_fwd(const KernelArgs& a) {
-  const auto [b, c] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, c = d.l;
   float* out = a.out[0].as<float>();
   if (b == 0 || c == 0) {
     *out = 0.0f;  // no rows or no columns: the loss is 0, not 0/0
@@ -426,7 +433,8 @@ void mse_fwd(const KernelArgs& a) {
 }
 
 void mse_grad(const KernelArgs& a) {
-  const auto [b, c] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, c = d.l;
   if (b == 0 || c == 0) return;
   const float* p = a.in[0].as<const float>();
   const float* t = a.in[1].as<const float>();
@@ -460,7 +468,8 @@ inline bool counted(int32_t c, int64_t l) {
 }
 
 void xent_index_fwd(const KernelArgs& a) {
-  const auto [b, l] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, l = d.l;
   float* out = a.out[0].as<float>();
   if (b == 0 || l == 0) {
     *out = 0.0f;
@@ -484,7 +493,8 @@ void xent_index_fwd(const KernelArgs& a) {
 }
 
 void xent_index_grad(const KernelArgs& a) {
-  const auto [b, l] = dims_of(a.in[0]);
+  const Dims d = dims_of(a.in[0]);
+  const int64_t b = d.b, l = d.l;
   if (b == 0 || l == 0) return;
   const float* x = a.in[0].as<const float>();
   const int32_t* t = a.in[1].as<const int32_t>();

@@ -404,6 +404,8 @@ pooch_status pooch_session_memory(const pooch_session* s, pooch_memory_report* o
   });
 }
 
+}  // extern "C"
+
 namespace {
 
 char* json_copy(const nlohmann::ordered_json& doc) {
@@ -593,6 +595,8 @@ nlohmann::ordered_json profile_json(pooch::Session& ss) {
 }
 
 }  // namespace
+
+extern "C" {
 
 pooch_status pooch_session_plan_json(const pooch_session* s, char** json_out) {
   POOCH_REQUIRE_ARG(s && json_out,
@@ -814,8 +818,10 @@ pooch_status pooch_file_describe(const char* path, char** json_out) {
     using nlohmann::json;
     const pooch::PoochFile f = pooch::read_pooch_file(path);
     json meta = json::object();
-    for (const auto& [k, v] : f.metadata().items())
-      std::visit([&](const auto& x) { meta[k] = x; }, v);
+    for (const auto& item : f.metadata().items()) {
+      const std::string& key = item.first;  // not a binding: clang's lambdas cannot capture one
+      std::visit([&](const auto& x) { meta[key] = x; }, item.second);
+    }
     json tensors = json::array();
     const pooch::Graph& g = f.graph();
     for (size_t t = 0; t < g.num_tensors(); ++t) {
@@ -977,6 +983,8 @@ void pooch_lm_default_params(pooch_lm_params* p) {
   p->eval_every = d.eval_every;
 }
 
+}  // extern "C"
+
 namespace {
 
 void to_c(const pooch::XmcMetricsResult& r, pooch_metrics* out);
@@ -1069,6 +1077,8 @@ void to_c(const pooch::XmcMetricsResult& r, pooch_metrics* out) {
 
 }  // namespace
 
+extern "C" {
+
 pooch_status pooch_train(pooch_session* s, const pooch_dataset* train, const pooch_dataset* test,
                          const pooch_train_params* p) {
   POOCH_REQUIRE_ARG(s && train && p, "pooch_train: session, train and params must not be NULL");
@@ -1133,6 +1143,8 @@ pooch_status pooch_evaluate(pooch_session* s, const pooch_dataset* ds, const poo
   });
 }
 
+}  // extern "C"
+
 namespace {
 
 pooch_status tensor_info(pooch_model* m, int i, bool input, pooch_tensor_info* out) {
@@ -1186,6 +1198,8 @@ int io_count(pooch_model* m, bool input) {
 }
 
 }  // namespace
+
+extern "C" {
 
 int pooch_model_input_count(const pooch_model* m) {
   return io_count(const_cast<pooch_model*>(m), true);

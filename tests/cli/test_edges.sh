@@ -133,7 +133,9 @@ fi
 # gradients and two Adam moments) under a 600 MB limit: the message gives
 # the bytes asked for and what the limit leaves, not the machine's free memory.
 # (AddressSanitizer reserves terabytes of address space: no ulimit -v there.)
-if ldd "$RUN" 2> /dev/null | grep -Eq 'lib(a|t)san'; then
+# (gcc links the sanitizer's library, clang puts its runtime in the program:
+# either way the program names __asan_init or __tsan_init.)
+if grep -aqE '__(a|t)san_init' "$RUN"; then
   echo "skip low-memory (a sanitizer build)"
 else
   expect low-memory 3 timeout 120 bash -c 'ulimit -v 600000 && exec "$0" "$@"' "$RUN" train \
