@@ -10,12 +10,12 @@
 # The killed runs form a chain (each starts from the checkpoint the last one
 # left); the final model, after the last resume, must equal the
 # uninterrupted one too, and no temporary file may be left behind.
-# Usage: test_kill_resume.sh PATH/TO/pooch-run [KILLS (default $POOCH_KILLS, else 10)] [SEED (default 12)]
+# Usage: test_kill_resume.sh PATH/TO/pooch-run [KILLS (default 10)] [SEED (default 12)]
 set -uo pipefail
 
 RUN=${1:?usage: test_kill_resume.sh PATH/TO/pooch-run [KILLS] [SEED]}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
-KILLS=${2:-${POOCH_KILLS:-10}}
+KILLS=${2:-10}
 RANDOM=${3:-12}  # seeds bash's generator: the kill moments are fixed
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-kill.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
