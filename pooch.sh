@@ -81,7 +81,7 @@ asan_setup() {
   local b
   b=$(asan_dir)
   # A folder left by an older pooch.sh that built it with gcc is set up anew.
-  if [ -f "$b/build.ninja" ] && ! grep -q '"id": "clang"' "$b/meson-info/intro-compilers.json"; then
+  if [ -f "$b/build.ninja" ] && ! grep -q '^ command = clang++ ' "$b/build.ninja"; then
     rm -rf "$b"
   fi
   # -O1 without debug info: the quickest build that still gives named stacks.
