@@ -63,10 +63,11 @@ configure_and_build() {
   ninja -C "$BUILD"
 }
 
-# The sanitizer builds (docs/RELIABILITY.md, "Sanitizers"), each in its own
-# build folder beside $BUILD, so that a user can run any one alone:
+# The sanitizer steps (docs/RELIABILITY.md, "Sanitizers"), in build folders
+# beside $BUILD ($BUILD-asan for asan and fuzz, $BUILD-tsan), so that a user
+# can run any one alone:
 #   asan: clang's AddressSanitizer + UndefinedBehaviorSanitizer over the unit,
-#         checker (opcheck) and CLI tests;
+#         checker (opcheck), golden and CLI tests;
 #   tsan: gcc's ThreadSanitizer over the tests where threads meet (the CPU
 #         backend's streams, the executor, cancel from another thread, the
 #         progress callback, two sessions in two threads);
