@@ -20,13 +20,24 @@ struct FinetuneOpts {
   DeviceFlags device;
   DenseTrainFlags dense;  // --valid-fraction too
   LmFlags lm;
+  int64_t lora_rank = 0;  // --lora-rank: 0 trains every weight
+  double lora_alpha = 0;  // --lora-alpha: 0 means the rank
+  std::string lora_targets = "attn";
   const CLI::App* app = nullptr;
   Output output{"finetune"};
 };
 
 int run_finetune(FinetuneOpts& o) {
   Output& out = o.output;
+  const bool lora = o.lora_rank > 0;
+  if (!lora && o.app && (o.app->count("--lora-alpha") || o.app->count("--lora-targets")))
+    return out.fail(kUsage, "finetune: --lora-alpha and --lora-targets go with --lora-rank");
+  if (lora && !o.train.resume.empty())
+    return out.fail(kUsage,
+                    "finetune: --lora-rank starts adapters; a resumed run continues the "
+                    "checkpoint's own (drop --lora-rank)");
   if (!o.dense.targets.empty()) {
+    if (lora) return out.fail(kUsage, "finetune: --lora-rank is for gpt models");
     if (o.model.empty()) return out.fail(kUsage, "finetune: --model is required");
     o.train.resolve(false);
     return run_dense_finetune(o.model, o.new_head, o.data.dir, o.dense, o.train, o.device, o.app,
@@ -57,10 +68,32 @@ int run_finetune(FinetuneOpts& o) {
       return out.fail(kUsage,
                       "finetune: --new-head is for classifiers; a gpt model keeps its "
                       "vocabulary");
+    if (lora) {
+      // The rank's bound is the model's width: bad input for this model (2).
+      const Json spec = Json::parse(pooch_model_spec_json(model.p), nullptr, false);
+      const int64_t width = spec.is_object() ? spec.value("n_embd", int64_t{0}) : 0;
+      if (o.lora_rank > width)
+        return out.fail(kBadInput, "--lora-rank " + std::to_string(o.lora_rank) +
+                                       " is more than the model's width (n_embd " +
+                                       std::to_string(width) + "); use 1 to " +
+                                       std::to_string(width));
+      if (pooch_status st =
+              pooch_model_add_lora(model.p, o.lora_rank, o.lora_alpha, o.lora_targets.c_str()))
+        return out.fail(st, "--lora-rank");
+      std::printf("LoRA: rank %lld, alpha %g, on %s; every other weight frozen\n",
+                  static_cast<long long>(o.lora_rank),
+                  o.lora_alpha > 0 ? o.lora_alpha : static_cast<double>(o.lora_rank),
+                  o.lora_targets.c_str());
+      out.result()["lora"] = {
+          {"rank", o.lora_rank}, {"alpha", o.lora_alpha}, {"targets", o.lora_targets}};
+    }
     o.train.resolve_gpt();
     o.lm.val_fraction = o.dense.valid_fraction;  // --valid-fraction: the stream's tail
     return run_lm_training(model.p, resume, o.data.dir, o.lm, o.train, o.device, o.app, out);
   }
+  if (lora)
+    return out.fail(kUsage, std::string("finetune: --lora-rank is for gpt models; ") + path +
+                                " is of family " + pooch_model_family(model.p));
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   o.train.resolve(false);
@@ -112,6 +145,23 @@ Command add_finetune(CLI::App& app) {
   add_dense_train_flags(c, o->dense);
   add_device_flags(c, o->device);
   add_lm_flags(c, o->lm);
+  const char* g = "LoRA (gpt)";
+  c->add_option("--lora-rank", o->lora_rank,
+                "gpt: train rank-R adapters on the --lora-targets linears, every base weight "
+                "frozen (pooch-run merge-lora folds them in afterwards)")
+      ->type_name("R")
+      ->check(in_range(1, 65536, true))
+      ->group(g);
+  c->add_option("--lora-alpha", o->lora_alpha,
+                "gpt: the adapters' scale is alpha/rank (default: alpha = the rank)")
+      ->type_name("A")
+      ->check(in_range(0, 1e6, false, true))
+      ->group(g);
+  c->add_option("--lora-targets", o->lora_targets,
+                "gpt: attn (attn.c_attn, attn.c_proj; default), mlp (mlp.c_fc, mlp.c_proj) or "
+                "attn,mlp")
+      ->type_name("LIST")
+      ->group(g);
   add_json_flag(c, o->output);
   o->app = c;
   return {c, [o] { return o->output.finish(run_finetune(*o)); }};

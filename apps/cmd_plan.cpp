@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "dense.h"
+#include "lm_training.h"
 #include "plan_svg.h"
 #include "training.h"
 
@@ -63,6 +64,10 @@ int model_from_flags(const std::string& path, const ModelFlags& mf, const TrainF
         return out.fail(st, "--batch");
     return kOk;
   }
+  // A gpt spec is complete as it is (no data to take a width from).
+  std::string text;
+  if (read_spec_file(mf.spec, &text) && spec_is_gpt(text))
+    return make_gpt_model(text, mf.spec, tf, LmFlags{}, model, out);
   return make_model(mf, tf, nullptr, nullptr, model, out, "the spec");
 }
 

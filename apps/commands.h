@@ -18,5 +18,6 @@ Command add_import(CLI::App& app);
 Command add_export(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_generate(CLI::App& app);
+Command add_merge_lora(CLI::App& app);
 
 }  // namespace cli

@@ -94,10 +94,11 @@ int main(int argc, char** argv) {
       "error. `pooch-run <command> --help` lists a command's flags; docs/CLI.md has more.");
 
   const std::vector<cli::Command> commands = {
-      cli::add_demo(app),    cli::add_synth(app),   cli::add_train(app),  cli::add_finetune(app),
-      cli::add_eval(app),    cli::add_predict(app), cli::add_info(app),   cli::add_plan(app),
-      cli::add_profile(app), cli::add_import(app),  cli::add_export(app), cli::add_tokenize(app),
-      cli::add_generate(app),
+      cli::add_demo(app),     cli::add_synth(app),      cli::add_train(app),
+      cli::add_finetune(app), cli::add_eval(app),       cli::add_predict(app),
+      cli::add_info(app),     cli::add_plan(app),       cli::add_profile(app),
+      cli::add_import(app),   cli::add_export(app),     cli::add_tokenize(app),
+      cli::add_generate(app), cli::add_merge_lora(app),
   };
 
   try {

@@ -127,6 +127,16 @@ void relu(const KernelArgs& a) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];
 }
 
+void scale(const KernelArgs& a) {
+  const float* x = a.in[0].as<float>();
+  float* y = a.out[0].as<float>();
+  const int64_t n = a.in[0].numel();
+  const int nt = threads_of(a);
+  const float s = static_cast<float>(a.attrs.get("s", 1.0));
+#pragma omp parallel for simd num_threads(nt) if (parallel : n > kGrainCheap) schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+}
+
 void relu_grad(const KernelArgs& a) {
   const float* dy = a.in[0].as<float>();
   const float* y = a.in[1].as<float>();
@@ -474,6 +484,7 @@ std::vector<KernelVariant> cpu_dense_kernels() {
       blas("linear_grad_weight", linear_grad_weight, supports_linear_grad),
       omp("relu", relu),
       omp("relu_grad", relu_grad),
+      omp("scale", scale),
       omp("gelu", gelu),
       omp("gelu_grad", gelu_grad),
       omp("dropout", dropout),

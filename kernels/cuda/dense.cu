@@ -162,6 +162,10 @@ void linear_grad_weight(const KernelArgs& a) {
        i += int64_t{gridDim.x} * blockDim.x)
 
 // `x < 0 ? 0 : x` keeps NaN as NaN, as the reference does.
+__global__ void scale_kernel(const float* x, float* y, float s, int64_t n) {
+  POOCH_GRID_STRIDE(i, n) { y[i] = x[i] * s; }
+}
+
 __global__ void relu_kernel(const float* x, float* y, int64_t n) {
   POOCH_GRID_STRIDE(i, n) {
     const float v = x[i];
@@ -228,6 +232,13 @@ void relu(const KernelArgs& a) {
   if (!f32_only(a, "relu")) return;
   launch_elementwise(relu_kernel, "relu_kernel", a.in[0].numel(), stream_of(a),
                      a.in[0].as<const float>(), a.out[0].as<float>());
+}
+
+void scale(const KernelArgs& a) {
+  if (!f32_only(a, "scale")) return;
+  launch_elementwise(scale_kernel, "scale_kernel", a.in[0].numel(), stream_of(a),
+                     a.in[0].as<const float>(), a.out[0].as<float>(),
+                     static_cast<float>(a.attrs.get("s", 1.0)));
 }
 
 void relu_grad(const KernelArgs& a) {
@@ -506,6 +517,7 @@ std::vector<KernelVariant> cuda_dense_kernels() {
       cublas("linear_grad_weight", linear_grad_weight, supports_linear_grad),
       plain("relu", relu),
       plain("relu_grad", relu_grad),
+      plain("scale", scale),
       plain("gelu", gelu),
       plain("gelu_grad", gelu_grad),
       plain("dropout", dropout),

@@ -116,6 +116,17 @@ struct ReluGrad {
   }
 };
 
+// y = s·x, s rounded to T first (as the fast kernels do).
+template <class T>
+struct Scale {
+  static void run(const KernelArgs& a) {
+    const T* x = a.in[0].as<T>();
+    T* y = a.out[0].as<T>();
+    const T s = static_cast<T>(a.attrs.get("s", 1.0));
+    for (int64_t i = 0, n = a.in[0].numel(); i < n; ++i) y[i] = x[i] * s;
+  }
+};
+
 template <class T>
 struct Gelu {
   static void run(const KernelArgs& a) {
@@ -320,6 +331,7 @@ std::vector<KernelVariant> ref_dense_kernels() {
       ref("layernorm", dispatch<LayerNorm>),
       ref("layernorm_grad", dispatch<LayerNormGrad>),
       ref("add", dispatch<Add>),
+      ref("scale", dispatch<Scale>),
       // Any dtype: elements are moved, never computed with.
       ref("reshape", reshape, nullptr),
       ref("transpose", transpose, nullptr),

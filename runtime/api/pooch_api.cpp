@@ -21,6 +21,7 @@
 #include "../core/error.h"
 #include "../core/op_registry.h"
 #include "../models/build.h"
+#include "../models/gpt_spec.h"
 #include "../train/generate.h"
 #include "../train/lm_data.h"
 #include "../train/model_io.h"
@@ -38,7 +39,8 @@ struct pooch_model {
   std::string spec_json;  // what pooch_model_spec_json returns
   // Weights (and, for a checkpoint, state) a session starts from.
   std::shared_ptr<pooch::LoadedFile> file;
-  bool head_replaced = false;  // the file's head and optimizer state no longer apply
+  bool head_replaced = false;   // the file's head and optimizer state no longer apply
+  bool adapters_added = false;  // LoRA added: the file has no adapters, its state no longer applies
   // The model a session will run (built on first need, cleared on change).
   std::shared_ptr<const pooch::Model> built;
   const pooch::Model& model() {
@@ -318,8 +320,8 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     o.eps = p->eps;
     o.weight_decay = p->weight_decay;
     o.momentum = p->momentum;
-    const bool resume =
-        model->file && model->file->checkpoint && !model->head_replaced && p->resume;
+    const bool resume = model->file && model->file->checkpoint && !model->head_replaced &&
+                        !model->adapters_added && p->resume;
     model->model();
     // GPT-2's convention (and nanoGPT's): biases and layernorm gains do not decay.
     if (model->built->family == "gpt") o.decay_vectors = false;
@@ -333,7 +335,8 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     if (model->file && !c.plan_only) {
       const pooch::PoochFile& f = model->file->file;
       pooch::restore_tensors(s->session(), f, resume,
-                             model->head_replaced ? pooch::head_prefix(model->spec.family) : "");
+                             model->head_replaced ? pooch::head_prefix(model->spec.family) : "",
+                             model->adapters_added);
       if (resume) {
         try {
           s->session().set_optimizer_step(f.metadata().get_u64(pooch::meta_keys::kStep));
@@ -794,6 +797,38 @@ pooch_status pooch_model_set_sequence_length(pooch_model* m, int64_t tokens) {
     pooch::ModelSpec s = m->spec;
     s.run.seq = tokens;
     m->set_spec(s);
+  });
+}
+
+pooch_status pooch_model_add_lora(pooch_model* m, int64_t rank, double alpha, const char* targets) {
+  POOCH_REQUIRE_ARG(m, "pooch_model_add_lora: model must not be NULL");
+  return guarded([&] {
+    require_spec(m, "pooch_model_add_lora");
+    if (m->spec.family != pooch::Family::gpt)
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("pooch_model_add_lora: the model is of family '{}'; LoRA "
+                                     "adapters are for gpt models",
+                                     m->model().family));
+    if (m->spec.gpt.lora.rank > 0)
+      throw pooch::Error(POOCH_ERR_INVALID_ARG,
+                         fmt::format("pooch_model_add_lora: the model already has rank-{} "
+                                     "adapters (merge them first: pooch_lora_merge)",
+                                     m->spec.gpt.lora.rank));
+    if (rank < 1)
+      throw pooch::Error(
+          POOCH_ERR_INVALID_ARG,
+          fmt::format("pooch_model_add_lora: rank is {}; it must be at least 1", rank));
+    pooch::ModelSpec s = m->spec;
+    s.gpt.lora.rank = rank;
+    s.gpt.lora.alpha = alpha;
+    pooch::set_lora_targets(s.gpt.lora, targets ? targets : "attn");
+    try {
+      pooch::validate_spec(s);
+    } catch (const pooch::Error& e) {
+      throw pooch::Error(POOCH_ERR_INVALID_ARG, fmt::format("pooch_model_add_lora: {}", e.what()));
+    }
+    m->set_spec(s);
+    m->adapters_added = true;
   });
 }
 

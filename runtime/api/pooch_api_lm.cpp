@@ -13,6 +13,7 @@
 #include "../core/error.h"
 #include "../models/build.h"
 #include "../train/gpt_io.h"
+#include "../train/lora.h"
 #include "api_guard.h"
 #include "pooch/pooch.h"
 
@@ -37,10 +38,10 @@ std::unique_ptr<pooch::Model> build_gpt(const pooch::gpt_ckpt::GptConfig& c) {
   try {
     return pooch::build_model(pooch::spec_from_json(spec.dump(), "the imported config"));
   } catch (const pooch::Error& e) {
-    throw pooch::Error(e.code(), fmt::format("building the gpt model (n_layer {}, n_head {}, "
-                                             "n_embd {}, n_ctx {}, vocab_size {}): {}",
-                                             c.n_layer, c.n_head, c.n_embd, c.n_ctx,
-                                             c.vocab_size, e.what()));
+    throw pooch::Error(e.code(),
+                       fmt::format("building the gpt model (n_layer {}, n_head {}, "
+                                   "n_embd {}, n_ctx {}, vocab_size {}): {}",
+                                   c.n_layer, c.n_head, c.n_embd, c.n_ctx, c.vocab_size, e.what()));
   }
 }
 
@@ -136,6 +137,12 @@ pooch_status pooch_gpt_export(const char* model_path, const char* out_dir) {
   if (!model_path || !out_dir)
     return fail_arg("pooch_gpt_export: model_path and out_dir must not be NULL");
   return run_guarded([&] { pooch::export_gpt(model_path, out_dir); });
+}
+
+pooch_status pooch_lora_merge(const char* model_path, const char* out_path) {
+  if (!model_path || !out_path)
+    return fail_arg("pooch_lora_merge: model_path and out_path must not be NULL");
+  return run_guarded([&] { pooch::merge_lora(model_path, out_path); });
 }
 
 }  // extern "C"

@@ -12,6 +12,24 @@ int64_t gpt_seq(const ModelSpec& spec) {
   return spec.run.seq > 0 ? spec.run.seq : spec.gpt.n_ctx;
 }
 
+bool is_lora_weight(std::string_view name) {
+  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+
+std::vector<std::string> lora_linears(const ModelSpec& spec) {
+  std::vector<std::string> out;
+  const LoraSpec& l = spec.gpt.lora;
+  if (l.rank == 0) return out;
+  for (int64_t i = 0; i < spec.gpt.n_layer; ++i) {
+    if (l.attn)
+      for (const char* n : {"attn.c_attn", "attn.c_proj"})
+        out.push_back(fmt::format("h.{}.{}", i, n));
+    if (l.mlp)
+      for (const char* n : {"mlp.c_fc", "mlp.c_proj"}) out.push_back(fmt::format("h.{}.{}", i, n));
+  }
+  return out;
+}
+
 namespace {
 
 // GPT-2's initialisation (Hugging Face GPT2PreTrainedModel._init_weights):
@@ -29,20 +47,39 @@ struct Builder {
   TensorId decode_pos = kNoTensor;
   int64_t decode_batch = 0;
 
-  TensorId linear(TensorId x, const std::string& name, int64_t out, int64_t in, double std) {
+  // With adapters every base weight is frozen: only the adapters train.
+  bool base_trainable() const { return trainable && s.lora.rank == 0; }
+
+  // `adapt`: the linear is one of the spec's LoRA targets.
+  TensorId linear(TensorId x, const std::string& name, int64_t out, int64_t in, double std,
+                  bool adapt = false) {
+    const bool t = base_trainable();
     const TensorId w =
-        weight(name + ".weight", DType::f32, {out, in}, trainable, WeightInit::Kind::normal, std);
-    const TensorId b =
-        weight(name + ".bias", DType::f32, {out}, trainable, WeightInit::Kind::zeros, 0);
-    return g.add_op1("linear", {x, w, b}, {}, name + ".out");
+        weight(name + ".weight", DType::f32, {out, in}, t, WeightInit::Kind::normal, std);
+    const TensorId b = weight(name + ".bias", DType::f32, {out}, t, WeightInit::Kind::zeros, 0);
+    const TensorId y = g.add_op1("linear", {x, w, b}, {}, name + ".out");
+    if (!adapt || s.lora.rank == 0) return y;
+    // peft's initialisation: A as nn.Linear's default (Kaiming uniform with
+    // a = √5, a bound of 1/√in), B zeros, so training starts from the base
+    // model. The scale goes on the rank-r activation, the narrowest tensor.
+    const int64_t r = s.lora.rank;
+    const TensorId a = weight(name + ".lora_A.weight", DType::f32, {r, in}, trainable,
+                              WeightInit::Kind::uniform, 1.0 / std::sqrt(static_cast<double>(in)));
+    const TensorId bw = weight(name + ".lora_B.weight", DType::f32, {out, r}, trainable,
+                               WeightInit::Kind::zeros, 0);
+    const TensorId xa = g.add_op1("linear", {x, a}, {}, name + ".lora_A.out");
+    const TensorId scaled =
+        g.add_op1("scale", {xa}, {{"s", s.lora.scale()}}, name + ".lora.scaled");
+    const TensorId d = g.add_op1("linear", {scaled, bw}, {}, name + ".lora_B.out");
+    return g.add_op1("add", {y, d}, {}, name + ".lora.sum");
   }
 
   TensorId layernorm(TensorId x, const std::string& name) {
     const int64_t C = s.n_embd;
+    const bool t = base_trainable();
     const TensorId gamma =
-        weight(name + ".weight", DType::f32, {C}, trainable, WeightInit::Kind::constant, 1.0);
-    const TensorId beta =
-        weight(name + ".bias", DType::f32, {C}, trainable, WeightInit::Kind::zeros, 0);
+        weight(name + ".weight", DType::f32, {C}, t, WeightInit::Kind::constant, 1.0);
+    const TensorId beta = weight(name + ".bias", DType::f32, {C}, t, WeightInit::Kind::zeros, 0);
     return g.add_op("layernorm", {x, gamma, beta}, {{"eps", s.layer_norm_epsilon}},
                     {name + ".out", name + ".mean", name + ".rstd"})[0];
   }
@@ -56,7 +93,9 @@ struct Builder {
     const std::string p = fmt::format("h.{}", i);
     const int64_t C = s.n_embd;
     const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(s.n_layer));
-    const TensorId qkv = linear(layernorm(h, p + ".ln_1"), p + ".attn.c_attn", 3 * C, C, kInitStd);
+    const bool attn = s.lora.attn, mlp = s.lora.mlp;
+    const TensorId qkv =
+        linear(layernorm(h, p + ".ln_1"), p + ".attn.c_attn", 3 * C, C, kInitStd, attn);
     const Attrs heads{{"heads", double(s.n_head)}};
     TensorId att;
     if (decode_pos == kNoTensor) {
@@ -66,11 +105,13 @@ struct Builder {
                                     false, WeightInit::Kind::zeros, 0);
       att = g.add_op1("attention_decode", {qkv, cache, decode_pos}, heads, p + ".attn.out");
     }
-    const TensorId a = dropout(linear(att, p + ".attn.c_proj", C, C, proj_std), p + ".attn.drop");
+    const TensorId a =
+        dropout(linear(att, p + ".attn.c_proj", C, C, proj_std, attn), p + ".attn.drop");
     h = g.add_op1("add", {h, a}, {}, p + ".res1");
-    const TensorId fc = linear(layernorm(h, p + ".ln_2"), p + ".mlp.c_fc", 4 * C, C, kInitStd);
+    const TensorId fc = linear(layernorm(h, p + ".ln_2"), p + ".mlp.c_fc", 4 * C, C, kInitStd, mlp);
     const TensorId act = g.add_op1("gelu_tanh", {fc}, {}, p + ".mlp.act");
-    const TensorId m = dropout(linear(act, p + ".mlp.c_proj", C, 4 * C, proj_std), p + ".mlp.drop");
+    const TensorId m =
+        dropout(linear(act, p + ".mlp.c_proj", C, 4 * C, proj_std, mlp), p + ".mlp.drop");
     return g.add_op1("add", {h, m}, {}, p + ".res2");
   }
 };
@@ -93,10 +134,11 @@ std::unique_ptr<Model> build_gpt_model(const ModelSpec& spec, const GptBuildOpti
   m->inputs.push_back({"batch.tokens", tokens, 0, 0.0, false, V});
   m->inputs.push_back({"batch.targets", targets, 0, -1.0, false, V});
 
+  const bool base = b.base_trainable();
   const TensorId wte =
-      weight("wte.weight", DType::f32, {V, C}, true, WeightInit::Kind::normal, kInitStd);
+      weight("wte.weight", DType::f32, {V, C}, base, WeightInit::Kind::normal, kInitStd);
   const TensorId wpe =
-      weight("wpe.weight", DType::f32, {c.n_ctx, C}, true, WeightInit::Kind::normal, kInitStd);
+      weight("wpe.weight", DType::f32, {c.n_ctx, C}, base, WeightInit::Kind::normal, kInitStd);
   const TensorId pos = weight("pos.ids", DType::i32, {B, T}, false, WeightInit::Kind::positions, 0);
   const TensorId te = g.add_op1("embedding", {tokens, wte}, {}, "wte.out");
   // Every batch touches every position up to T: a dense gradient, updated

@@ -20,6 +20,9 @@
 // logits f32[B,T,V].
 #pragma once
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "model.h"
 #include "model_spec.h"
@@ -49,5 +52,12 @@ inline constexpr const char* kKvCacheSuffix = ".attn.kv_cache";
 
 // Tokens per row the spec runs with (its seq, or n_ctx when 0).
 int64_t gpt_seq(const ModelSpec& spec);
+
+// A LoRA adapter's weight: "<linear>.lora_A.weight" [rank, in] or
+// "<linear>.lora_B.weight" [out, rank] (model_spec.h, LoraSpec).
+bool is_lora_weight(std::string_view name);
+
+// The spec's LoRA targets: the names of the linears that carry adapters.
+std::vector<std::string> lora_linears(const ModelSpec& spec);
 
 }  // namespace pooch

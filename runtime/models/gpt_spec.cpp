@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -82,16 +83,80 @@ void validate_gpt_spec(const ModelSpec& s) {
   req(g.dropout >= 0 && g.dropout < 1, fmt::format("dropout must be in [0, 1), got {}", g.dropout));
   req(std::isfinite(g.layer_norm_epsilon) && g.layer_norm_epsilon >= 0,
       fmt::format("layer_norm_epsilon must be finite and >= 0, got {}", g.layer_norm_epsilon));
+  const LoraSpec& l = g.lora;
+  in_range("lora.rank", l.rank, 0, std::min(g.n_embd, int64_t{65536}),
+           " (0: no adapters; above n_embd an adapter is a full-rank update)");
+  if (l.rank > 0) {
+    req(std::isfinite(l.alpha) && l.alpha >= 0 && l.alpha <= 1e6,
+        fmt::format("lora.alpha must be from 0 (meaning the rank) to 1e6, got {}", l.alpha));
+    req(l.attn || l.mlp, "lora.targets must name attn, mlp or both");
+  }
   const int64_t seq = s.run.seq == 0 ? g.n_ctx : s.run.seq;
   in_range("seq", seq, 1, g.n_ctx, " (the context length n_ctx)");
   in_range("batch", s.run.batch, 1, kMax / seq, " (a batch's tokens are counted in 32 bits)");
+}
+
+static LoraSpec lora_from_json(const json& j, const std::string& src) {
+  if (!j.is_object())
+    bad(src,
+        "lora must be an object: {\"rank\": R, \"alpha\": A, \"targets\": [\"attn\", \"mlp\"]}");
+  LoraSpec l;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "rank") {
+      if (!v.is_number_integer()) bad(src, "lora.rank must be an integer");
+      l.rank = v.get<int64_t>();
+    } else if (key == "alpha") {
+      if (!v.is_number()) bad(src, "lora.alpha must be a number");
+      l.alpha = v.get<double>();
+    } else if (key == "targets") {
+      std::string list;
+      if (v.is_array())
+        for (const json& t : v) {
+          if (!t.is_string()) bad(src, "lora.targets must be a list of \"attn\" and \"mlp\"");
+          if (!list.empty()) list += ',';
+          list += t.get<std::string>();
+        }
+      else
+        bad(src, "lora.targets must be a list of \"attn\" and \"mlp\"");
+      if (list.empty()) bad(src, "lora.targets must name attn, mlp or both");
+      try {
+        set_lora_targets(l, list);
+      } catch (const Error& e) {
+        bad(src, e.what());
+      }
+    } else {
+      bad(src,
+          fmt::format("the spec: unknown field \"lora.{}\" (known: rank, alpha, targets)", key));
+    }
+  }
+  return l;
+}
+
+void set_lora_targets(LoraSpec& l, const std::string& list) {
+  l.attn = l.mlp = false;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string t = list.substr(at, comma - at);
+    if (iequals(t, "attn"))
+      l.attn = true;
+    else if (iequals(t, "mlp"))
+      l.mlp = true;
+    else
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("lora targets: unknown target '{}' in '{}' (use attn, mlp or "
+                              "attn,mlp)",
+                              t, list));
+    at = comma + 1;
+  }
 }
 
 ModelSpec gpt_spec_from_json(const json& j, const std::string& src) {
   static const char* const known[] = {"family",     "size",    "n_layer",
                                       "n_head",     "n_embd",  "n_ctx",
                                       "vocab_size", "dropout", "layer_norm_epsilon",
-                                      "batch",      "seq",     "seed"};
+                                      "batch",      "seq",     "seed",
+                                      "lora"};
   for (const auto& [key, value] : j.items()) {
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
@@ -127,6 +192,7 @@ ModelSpec gpt_spec_from_json(const json& j, const std::string& src) {
   integer("vocab_size", g.vocab_size);
   number("dropout", g.dropout);
   number("layer_norm_epsilon", g.layer_norm_epsilon);
+  if (j.contains("lora")) g.lora = lora_from_json(j["lora"], src);
   ModelSpec s = gpt_spec(g, 8, 0);
   integer("batch", s.run.batch);
   integer("seq", s.run.seq);
@@ -151,6 +217,12 @@ std::string gpt_spec_to_json(const ModelSpec& s) {
          {"dropout", g.dropout}, {"layer_norm_epsilon", g.layer_norm_epsilon},
          {"batch", s.run.batch}, {"seq", s.run.seq},
          {"seed", s.seed}};
+  if (const LoraSpec& l = g.lora; l.rank > 0) {
+    json targets = json::array();
+    if (l.attn) targets.push_back("attn");
+    if (l.mlp) targets.push_back("mlp");
+    j["lora"] = {{"rank", l.rank}, {"alpha", l.alpha}, {"targets", targets}};
+  }
   return j.dump(2);
 }
 

@@ -15,4 +15,8 @@ void validate_gpt_spec(const ModelSpec& s);
 ModelSpec gpt_spec_from_json(const nlohmann::json& j, const std::string& source);
 std::string gpt_spec_to_json(const ModelSpec& s);
 
+// Sets the adapters' targets from "attn", "mlp" or "attn,mlp" (any case).
+// Error POOCH_ERR_INVALID_ARG naming an unknown target.
+void set_lora_targets(LoraSpec& l, const std::string& list);
+
 }  // namespace pooch

@@ -58,6 +58,19 @@ struct RunShape {
 // A GPT-2 architecture (Hugging Face GPT2Config's names): pre-norm blocks,
 // learned positions, input and output embeddings tied. The defaults are
 // GPT-2 124M ("gpt2").
+// LoRA (Hu et al. 2021): each chosen linear y = xWᵀ + b becomes
+// y = xWᵀ + b + (alpha/rank)·(xAᵀ)Bᵀ with A [rank, in] and B [out, rank] the
+// only trainable weights; every base weight is frozen (no gradient, no
+// optimizer state). Targets: "attn" (attn.c_attn, attn.c_proj), "mlp"
+// (mlp.c_fc, mlp.c_proj).
+struct LoraSpec {
+  int64_t rank = 0;  // 0: no adapters
+  double alpha = 0;  // the scale's numerator; 0 means alpha = rank (scale 1)
+  bool attn = true;  // adapters on the attention's two linears
+  bool mlp = false;  // adapters on the MLP's two linears
+  double scale() const { return (alpha > 0 ? alpha : static_cast<double>(rank)) / rank; }
+};
+
 struct GptSpec {
   int64_t n_layer = 12;
   int64_t n_head = 12;
@@ -66,6 +79,7 @@ struct GptSpec {
   int64_t vocab_size = 50257;
   double dropout = 0.0;  // on embeddings, attention output and MLP output (training only)
   double layer_norm_epsilon = 1e-5;
+  LoraSpec lora;
 };
 
 struct ModelSpec {

@@ -94,6 +94,13 @@ gpt_ckpt::GptConfig gpt_config_of(const std::string& model_path) {
     throw Error(POOCH_ERR_BAD_INPUT,
                 fmt::format("{}: its model spec has no 'n_head': not a gpt model", model_path));
   c.n_head = (*s)["n_head"].get<int64_t>();
+  // Hugging Face's GPT2LMHeadModel has no adapters: exporting the base
+  // weights alone would lose the finetuning without a word.
+  if (s->contains("lora"))
+    throw Error(POOCH_ERR_BAD_INPUT,
+                fmt::format("{}: has LoRA adapters; fold them into the weights first "
+                            "(pooch-run merge-lora --model {} --out MERGED.pooch)",
+                            model_path, model_path));
   if (s->contains("layer_norm_epsilon") && (*s)["layer_norm_epsilon"].is_number())
     c.layer_norm_epsilon = (*s)["layer_norm_epsilon"].get<double>();
   gpt_ckpt::validate(c, model_path);

@@ -7,6 +7,7 @@
 
 #include "../core/error.h"
 #include "../models/build.h"
+#include "../models/gpt.h"
 
 namespace pooch {
 
@@ -238,8 +239,8 @@ void check_index_values(const PoochFile& f, const TensorDesc& d, std::span<const
 
 }  // namespace
 
-void restore_tensors(Session& s, const PoochFile& f, bool with_state,
-                     std::string_view skip_prefix) {
+void restore_tensors(Session& s, const PoochFile& f, bool with_state, std::string_view skip_prefix,
+                     bool fresh_adapters) {
   const Graph& g = s.graph();
   for (size_t t = 0; t < g.num_tensors(); ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
@@ -253,6 +254,7 @@ void restore_tensors(Session& s, const PoochFile& f, bool with_state,
           init != s.model().init.end() && init->second.kind == WeightInit::Kind::positions)
         continue;
     const TensorEntry* e = f.find(d.name);
+    if (!e && fresh_adapters && is_lora_weight(d.name)) continue;
     if (!e)
       throw Error(POOCH_ERR_BAD_INPUT,
                   fmt::format("{}: has no tensor '{}' ({}), which the model needs", f.path(),

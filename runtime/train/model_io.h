@@ -52,8 +52,10 @@ LoadedFile load_model_file(const std::string& path);
 // with the same dtype and shape, except those whose names start with
 // `skip_prefix` (finetuning a new head), which keep their initial values,
 // as do the constants a builder derives from the run shape (positions).
+// With `fresh_adapters` (LoRA added to a model file's weights), LoRA
+// adapters the file lacks keep their initial values too.
 void restore_tensors(Session& s, const PoochFile& f, bool with_state,
-                     std::string_view skip_prefix = {});
+                     std::string_view skip_prefix = {}, bool fresh_adapters = false);
 
 std::string optimizer_to_json(const OptimizerConfig& o);
 OptimizerConfig optimizer_from_json(const std::string& text, const std::string& source);

@@ -6,7 +6,9 @@
 # another run shape, the errors and exit codes of bad input, and generate:
 # greedy decoding of the imported tests/golden/lm/hf_tiny equal to
 # transformers' generate (tests/golden/lm/hf_tiny_generate.json), seeded
-# sampling deterministic, --max-tokens and Ctrl-C stopping cleanly.
+# sampling deterministic, --max-tokens and Ctrl-C stopping cleanly; LoRA
+# finetuning (adapters only, resumed bit for bit), merge-lora (the merged
+# model samples as the adapted one) and their refusals.
 # Usage: test_lm_train_cli.sh PATH/TO/pooch-run SOURCE_ROOT
 set -uo pipefail
 
@@ -93,6 +95,52 @@ expect finetune-resume-shape 0 "$RUN" finetune --model full.pooch --data genesis
 expect finetune-resume 0 "$RUN" finetune --data genesis.txt --bytes --steps 4 --threads 2 \
   --out ft2.pooch --resume ft2.pooch.ckpt
 cmp -s ft.pooch ft2.pooch && pass "finetune-resume-bit-identical" || fail "finetune-resume-bit-identical"
+
+# plan takes a gpt spec as it is (it once added an XMC input width to it).
+expect plan-gpt-spec 0 "$RUN" plan --spec tiny.json --threads 2
+contains plan-gpt-spec-msg plan-gpt-spec.out "plan of a train step of tiny.json \(gpt"
+
+# --- LoRA: adapters train, the base stays; merge-lora folds them in ---------
+LORA=(finetune --model full.pooch --data genesis.txt --bytes --steps 20 --lr 1e-2 --lora-rank 4
+  --lora-alpha 8 --lora-targets attn,mlp --threads 2)
+expect lora 0 "$RUN" "${LORA[@]}" --out lora.pooch --json
+contains lora-msg lora.out "LoRA: rank 4, alpha 8, on attn,mlp"
+[ "$(field lora.out "['model_spec']['lora']['rank']")" = 4 ] && pass lora-spec ||
+  fail "lora-spec: $(field lora.out "['model_spec']")"
+python3 -c "import sys; sys.exit(0 if $(field lora.out "['final']['val_loss']") < $val else 1)" &&
+  pass "lora-lowers-validation-loss (below $val)" || fail "lora-lowers-validation-loss"
+expect lora-part 0 "$RUN" "${LORA[@]}" --out lora-part.pooch --max-steps 7
+expect lora-resume 0 "$RUN" finetune --data genesis.txt --bytes --steps 20 --lr 1e-2 --threads 2 \
+  --out lora-part.pooch --resume lora-part.pooch.ckpt
+cmp -s lora.pooch lora-part.pooch && pass "lora-resume-bit-identical" ||
+  fail "lora-resume-bit-identical"
+expect merge-lora 0 "$RUN" merge-lora --model lora.pooch --out merged.pooch
+# Seeded sampling: the tiny model's greedy output is all spaces, base or not.
+G1=(generate --prompt "And God said" --max-tokens 24 --temperature 1 --seed 4 --ids --threads 2)
+expect gen-lora 0 "$RUN" "${G1[@]}" --model lora.pooch
+expect gen-merged 0 "$RUN" "${G1[@]}" --model merged.pooch
+expect gen-base 0 "$RUN" "${G1[@]}" --model full.pooch
+cmp -s gen-lora.out gen-merged.out && pass "merged-generates-as-adapted" ||
+  fail "merged-generates-as-adapted: $(cat gen-lora.out) / $(cat gen-merged.out)"
+cmp -s gen-lora.out gen-base.out && fail "lora-changed-nothing: $(cat gen-base.out)" ||
+  pass "lora-changed-the-model"
+expect export-merged 0 "$RUN" export --model merged.pooch --to merged-hf
+expect err-export-lora 2 "$RUN" export --model lora.pooch --to lora-hf
+contains err-export-lora-msg err-export-lora.err "merge-lora"
+expect err-merge-plain 2 "$RUN" merge-lora --model full.pooch --out x.pooch
+contains err-merge-plain-msg err-merge-plain.err "full.pooch: has no LoRA adapters"
+[ ! -e x.pooch ] && pass "err-merge-plain-writes-nothing" || fail "err-merge-plain-writes-nothing"
+expect err-lora-twice 1 "$RUN" finetune --model lora.pooch --data genesis.txt --bytes --steps 1 \
+  --lora-rank 2 --out x.pooch
+contains err-lora-twice-msg err-lora-twice.err "already has rank-4 adapters"
+expect err-lora-rank 2 "$RUN" finetune --model full.pooch --data genesis.txt --bytes \
+  --lora-rank 33 --out x.pooch
+contains err-lora-rank-msg err-lora-rank.err "\-\-lora-rank 33 is more than the model's width \(n_embd 32\)"
+expect err-lora-target 1 "$RUN" finetune --model full.pooch --data genesis.txt --bytes \
+  --lora-rank 2 --lora-targets ffn --out x.pooch
+contains err-lora-target-msg err-lora-target.err "unknown target 'ffn'"
+expect err-lora-alpha-alone 1 "$RUN" finetune --model full.pooch --data genesis.txt --bytes \
+  --lora-alpha 4 --out x.pooch
 
 # --- bad input ---------------------------------------------------------------
 expect err-missing 2 "$RUN" finetune --model full.pooch --data missing.bin --out x.pooch

@@ -25,10 +25,13 @@
 #include <vector>
 
 #include "runtime/core/autodiff.h"
+#include "runtime/core/error.h"
 #include "runtime/core/optimizer.h"
 #include "runtime/models/gpt.h"
 #include "runtime/session/session.h"
 #include "runtime/train/generate.h"
+#include "runtime/train/lora.h"
+#include "runtime/train/model_io.h"
 
 using namespace pooch;
 
@@ -57,26 +60,33 @@ struct Tensors {
   bool has(const std::string& name) const { return t.count(name) != 0; }
 };
 
+Tensors read_golden(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  Tensors out;
+  const nlohmann::json h = nlohmann::json::parse(header);
+  for (const auto& [name, d] : h.items()) {
+    if (name == "__metadata__") continue;
+    const size_t a = d["data_offsets"][0], b = d["data_offsets"][1];
+    std::vector<std::byte> bytes(b - a);
+    std::memcpy(bytes.data(), data.data() + a, b - a);
+    out.t[name] = {d["shape"].get<std::vector<int64_t>>(), std::move(bytes)};
+  }
+  return out;
+}
+
 const Tensors& golden() {
-  static const Tensors g = [] {
-    std::ifstream f(POOCH_GPT_GOLDEN, std::ios::binary);
-    if (!f) throw std::runtime_error(std::string("cannot open ") + POOCH_GPT_GOLDEN);
-    uint64_t n = 0;
-    f.read(reinterpret_cast<char*>(&n), 8);
-    std::string header(n, '\0');
-    f.read(header.data(), static_cast<std::streamsize>(n));
-    std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    Tensors out;
-    const nlohmann::json h = nlohmann::json::parse(header);
-    for (const auto& [name, d] : h.items()) {
-      if (name == "__metadata__") continue;
-      const size_t a = d["data_offsets"][0], b = d["data_offsets"][1];
-      std::vector<std::byte> bytes(b - a);
-      std::memcpy(bytes.data(), data.data() + a, b - a);
-      out.t[name] = {d["shape"].get<std::vector<int64_t>>(), std::move(bytes)};
-    }
-    return out;
-  }();
+  static const Tensors g = read_golden(POOCH_GPT_GOLDEN);
+  return g;
+}
+
+const Tensors& lora_golden() {
+  static const Tensors g = read_golden(POOCH_GPT_LORA_GOLDEN);
   return g;
 }
 
@@ -116,14 +126,14 @@ ModelSpec tiny_spec(int64_t batch) {
   return gpt_spec(g, batch, 16);
 }
 
-// Writes every trainable weight from the file ("w.<name>"); the file must
-// hold each one, with the weight's size.
+// Writes every weight from the file ("w.<name>") but the positions (the
+// builder's constant); the file must hold each one, with the weight's size.
 template <class S>
-void load_weights(S& s, const Graph& g) {
+void load_weights(S& s, const Graph& g, const Tensors& j = golden()) {
   for (size_t t = 0; t < g.num_tensors(); ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
-    if (d.role != Role::weight || !d.trainable) continue;
-    const std::vector<float> w = golden().get<float>("w." + d.name);
+    if (d.role != Role::weight || d.name == "pos.ids") continue;
+    const std::vector<float> w = j.get<float>("w." + d.name);
     ASSERT_EQ(static_cast<int64_t>(w.size()), d.numel()) << d.name;
     s.write_tensor(d.name, w.data(), w.size() * 4);
   }
@@ -137,11 +147,11 @@ SessionConfig cpu_config(int threads) {
   return cfg;
 }
 
-class GptGolden : public testing::TestWithParam<int> {};
-
-TEST_P(GptGolden, LogitsLossGradientsAndAdamWMatchTransformers) {
-  const Tensors& j = golden();
-  auto model = build_gpt_model(tiny_spec(2), {.logits = true});
+// Builds `spec` with logits, loads the golden weights, and compares the
+// loss, logits and the gradient of every trainable weight (`trainable` of
+// them, each in the file), then the losses of 10 AdamW steps.
+void expect_training_matches(const Tensors& j, const ModelSpec& spec, int threads, int trainable) {
+  auto model = build_gpt_model(spec, {.logits = true});
   Graph g = model->graph;
   const TensorId loss = model->losses[0];
   const TensorId logits = model->find_output("logits")->id;
@@ -158,8 +168,8 @@ TEST_P(GptGolden, LogitsLossGradientsAndAdamWMatchTransformers) {
   for (const WeightGrad& wg : grads) g.mark_output(wg.grad);
   Model m = model_from_graph(g);
   m.init = model->init;  // pos.ids: each token's position
-  Session s(std::make_shared<Model>(std::move(m)), cpu_config(GetParam()));
-  load_weights(s, g);
+  Session s(std::make_shared<Model>(std::move(m)), cpu_config(threads));
+  load_weights(s, g, j);
   const std::vector<int32_t> tokens = j.get<int32_t>("tokens"), targets = j.get<int32_t>("targets");
   s.set_input("batch.tokens", tokens.data(), tokens.size() * 4);
   s.set_input("batch.targets", targets.data(), targets.size() * 4);
@@ -179,7 +189,7 @@ TEST_P(GptGolden, LogitsLossGradientsAndAdamWMatchTransformers) {
                  j.get<float>("g." + name));
     ++compared;
   }
-  EXPECT_EQ(compared, 4 + 2 * 12) << "wte, wpe, ln_f (2) and 12 tensors per block";
+  EXPECT_EQ(compared, trainable);
 
   // 10 AdamW steps on the batch: the loss before each update.
   const int step = s.compile({loss}, true, true);
@@ -190,7 +200,44 @@ TEST_P(GptGolden, LogitsLossGradientsAndAdamWMatchTransformers) {
     got.push_back(*static_cast<const float*>(s.staged(loss)));
   }
   expect_close("adamw losses", got.data(), want);
+  // A frozen weight is the file's, bit for bit, after the steps.
+  for (const TensorDesc& d : g.tensors()) {
+    if (d.role != Role::weight || d.trainable || d.name == "pos.ids") continue;
+    const std::vector<float> w = j.get<float>("w." + d.name);
+    const std::vector<std::byte> now = s.read_tensor(d.name);
+    EXPECT_EQ(std::memcmp(now.data(), w.data(), now.size()), 0) << d.name << " changed";
+  }
   std::printf("largest error relative to the tensor's scale: %.3g\n", worst_seen());
+}
+
+class GptGolden : public testing::TestWithParam<int> {};
+
+TEST_P(GptGolden, LogitsLossGradientsAndAdamWMatchTransformers) {
+  // wte, wpe, ln_f (2) and 12 tensors per block.
+  expect_training_matches(golden(), tiny_spec(2), GetParam(), 4 + 2 * 12);
+}
+
+// LoRA, rank 4 and alpha 8 on the four linears of each block: the base
+// weights frozen, the adapters' gradients and AdamW steps as peft computes
+// them (make_gpt_lora_golden.py writes the computation out).
+ModelSpec lora_spec(int64_t batch) {
+  ModelSpec s = tiny_spec(batch);
+  s.gpt.lora.rank = 4;
+  s.gpt.lora.alpha = 8;
+  s.gpt.lora.attn = s.gpt.lora.mlp = true;
+  return s;
+}
+
+TEST_P(GptGolden, LoraAdaptersMatchTransformers) {
+  const auto model = build_gpt_model(lora_spec(2));
+  int adapters = 0;
+  for (const TensorDesc& d : model->graph.tensors()) {
+    if (d.role != Role::weight) continue;
+    EXPECT_EQ(d.trainable, is_lora_weight(d.name)) << d.name << ": only adapters train";
+    adapters += is_lora_weight(d.name) ? 1 : 0;
+  }
+  EXPECT_EQ(adapters, 2 * 4 * 2) << "A and B on four linears in each of two blocks";
+  expect_training_matches(lora_golden(), lora_spec(2), GetParam(), adapters);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, GptGolden, testing::Values(1, 2),
@@ -284,6 +331,63 @@ TEST(GptGolden, GreedyGenerationMatchesGenerate) {
   EXPECT_EQ(got, want);
   EXPECT_EQ(streamed, want);
   EXPECT_EQ(why, StopReason::max_tokens);
+}
+
+}  // namespace
+
+namespace {
+
+std::vector<float> forward_logits(Session& s, const Tensors& j) {
+  const std::vector<int32_t> tokens = j.get<int32_t>("tokens"), targets = j.get<int32_t>("targets");
+  s.set_input("batch.tokens", tokens.data(), tokens.size() * 4);
+  s.set_input("batch.targets", targets.data(), targets.size() * 4);
+  s.run(ProgramKind::forward);
+  std::vector<float> logits(j.get<float>("logits").size());
+  s.get_output("logits", logits.data(), logits.size() * 4);
+  return logits;
+}
+
+// merge_lora folds the adapters into the weights: the merged file is a
+// plain gpt model (no adapter tensors, no lora in its spec) whose logits
+// are the adapted model's, and the golden ones.
+TEST(GptLoraMerge, TheMergedModelComputesTheAdaptedModelsLogits) {
+  const Tensors& j = lora_golden();
+  Session adapted(std::shared_ptr<Model>(build_gpt_model(lora_spec(2), {.logits = true})),
+                  cpu_config(1));
+  load_weights(adapted, adapted.graph(), j);
+  const std::vector<float> want = forward_logits(adapted, j);
+  expect_close("adapted logits", want.data(), j.get<float>("logits"));
+
+  const std::string dir = testing::TempDir();
+  const std::string with = dir + "/lora_adapted.pooch", merged = dir + "/lora_merged.pooch";
+  save_session(adapted, with, false);
+  const LoraMergeReport rep = merge_lora(with, merged);
+  EXPECT_EQ(rep.linears, 8);
+  EXPECT_EQ(rep.rank, 4);
+  EXPECT_DOUBLE_EQ(rep.scale, 2.0);
+
+  const LoadedFile f = load_model_file(merged);
+  ASSERT_TRUE(f.has_spec);
+  EXPECT_EQ(f.spec.gpt.lora.rank, 0);
+  for (const TensorEntry& e : f.file.tensors())
+    EXPECT_FALSE(is_lora_weight(e.name)) << e.name << " left in the merged file";
+  Session plain(std::shared_ptr<Model>(build_gpt_model(f.spec, {.logits = true})), cpu_config(1));
+  restore_tensors(plain, f.file, false);
+  const std::vector<float> got = forward_logits(plain, j);
+  expect_close("merged logits", got.data(), want);
+
+  // Merging a plain model is an error that names the file; nothing is written.
+  const std::string again = dir + "/lora_merged_twice.pooch";
+  try {
+    merge_lora(merged, again);
+    ADD_FAILURE() << "a model without adapters was merged";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_BAD_INPUT);
+    EXPECT_NE(std::string(e.what()).find(merged), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::ifstream(again).good());
+  std::remove(with.c_str());
+  std::remove(merged.c_str());
 }
 
 }  // namespace

@@ -129,7 +129,16 @@ void activation_cases(Rng& rng, std::vector<OpCase>& out) {
     gelu.label = shape_label(s);
     out.push_back(std::move(gelu));
   }
-  for (const char* op : {"relu", "gelu"}) {
+  for (const Shape& s : elementwise_shapes()) {
+    OpCase sc;  // LoRA's alpha/rank: a factor that is not a power of two
+    sc.op = "scale";
+    sc.attrs = Attrs{{"s", -1.75}};
+    sc.inputs = {randn(rng, s, "x")};
+    sc.grad_inputs = {0};
+    sc.label = shape_label(s) + " s=-1.75";
+    out.push_back(std::move(sc));
+  }
+  for (const char* op : {"relu", "gelu", "scale"}) {
     OpCase c;
     c.op = op;
     c.inputs = {specials(rng, "x")};

@@ -98,6 +98,9 @@ TEST(ApiLm, NullArgumentsAreRefused) {
   EXPECT_EQ(pooch_tokens_save("x", nullptr, 3), POOCH_ERR_INVALID_ARG);
   EXPECT_EQ(pooch_gpt_import(nullptr, "x"), POOCH_ERR_INVALID_ARG);
   EXPECT_EQ(pooch_gpt_export("x", nullptr), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(pooch_model_add_lora(nullptr, 4, 0, "attn"), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(pooch_lora_merge(nullptr, "x"), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(pooch_lora_merge("x", nullptr), POOCH_ERR_INVALID_ARG);
   pooch_tokenizer* loaded = nullptr;
   ASSERT_EQ(
       pooch_tokenizer_load((kBpe + "/vocab.json").c_str(), (kBpe + "/merges.txt").c_str(), &loaded),
@@ -252,4 +255,61 @@ TEST(ApiLm, TrainTokensRefusesBadInput) {
   EXPECT_EQ(pooch_train_tokens(s, tokens.data(), 100, &tp, nullptr), POOCH_ERR_INVALID_ARG);
   pooch_session_free(&s);
   pooch_model_free(&m);
+}
+
+// pooch_model_add_lora: adapters on a gpt model, the rest frozen; its
+// refusals name what is wrong.
+TEST(ApiLm, AddLoraFreezesTheBaseAndRefusesWhatItCannotAdapt) {
+  pooch_model* m = nullptr;
+  ASSERT_EQ(pooch_model_create_from_spec(kTinyGpt, "tiny", &m), POOCH_OK);
+  EXPECT_EQ(pooch_model_add_lora(m, 0, 0, "attn"), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(pooch_model_add_lora(m, 17, 0, "attn"), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("lora.rank is 17"), std::string::npos)
+      << pooch_last_error();
+  EXPECT_EQ(pooch_model_add_lora(m, 2, 0, "attn,ffn"), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("'ffn'"), std::string::npos) << pooch_last_error();
+  EXPECT_EQ(pooch_model_add_lora(m, 2, -1, "attn"), POOCH_ERR_INVALID_ARG);
+  // A refused call leaves the model as it was.
+  EXPECT_EQ(std::string(pooch_model_spec_json(m)).find("lora"), std::string::npos);
+  ASSERT_EQ(pooch_model_add_lora(m, 2, 4, nullptr), POOCH_OK) << pooch_last_error();
+  const std::string spec = pooch_model_spec_json(m);
+  EXPECT_NE(spec.find("\"lora\""), std::string::npos) << spec;
+  EXPECT_NE(spec.find("\"attn\""), std::string::npos) << spec;
+  EXPECT_EQ(spec.find("\"mlp\""), std::string::npos) << spec;
+  EXPECT_EQ(pooch_model_add_lora(m, 2, 4, "mlp"), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("already has rank-2 adapters"), std::string::npos)
+      << pooch_last_error();
+  // Optimizer state for the adapters alone (192 values, two Adam moments),
+  // against the whole model's without them.
+  auto optimizer_bytes = [](pooch_model* model) {
+    pooch_session_params sp;
+    pooch_session_default_params(&sp);
+    sp.device = POOCH_DEVICE_CPU;
+    sp.threads = 1;
+    pooch_session* s = nullptr;
+    EXPECT_EQ(pooch_session_create(model, &sp, &s), POOCH_OK) << pooch_last_error();
+    pooch_memory_report r;
+    EXPECT_EQ(pooch_session_memory(s, &r), POOCH_OK);
+    pooch_session_free(&s);
+    return r.by_role[4];
+  };
+  pooch_model* plain = nullptr;
+  ASSERT_EQ(pooch_model_create_from_spec(kTinyGpt, "tiny", &plain), POOCH_OK);
+  const size_t adapted = optimizer_bytes(m), all = optimizer_bytes(plain);
+  EXPECT_GE(adapted, size_t{2 * 4 * 192});
+  EXPECT_LT(adapted * 10, all) << "adapters: " << adapted << " bytes, every weight: " << all;
+  pooch_model_free(&plain);
+  pooch_model_free(&m);
+
+  pooch_model* mlp = nullptr;
+  ASSERT_EQ(pooch_model_create_from_spec(
+                R"({"family": "mlp", "input": {"kind": "dense", "width": 6}, "outputs": 3,
+                    "layers": [{"type": "linear", "width": 4}, {"type": "dense"}], "loss": "mse"})",
+                "x", &mlp),
+            POOCH_OK)
+      << pooch_last_error();
+  EXPECT_EQ(pooch_model_add_lora(mlp, 2, 0, "attn"), POOCH_ERR_INVALID_ARG);
+  EXPECT_NE(std::string(pooch_last_error()).find("for gpt models"), std::string::npos)
+      << pooch_last_error();
+  pooch_model_free(&mlp);
 }

@@ -68,5 +68,38 @@ TEST(GptSpec, BadSpecsNameTheField) {
   expect_refused(R"({"family": "gpt", "n_layer": 1.5})", "n_layer must be an integer");
 }
 
+TEST(GptSpec, LoraRoundTripsAndDefaults) {
+  const ModelSpec s = spec_from_json(
+      R"({"family": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 16,
+          "lora": {"rank": 4, "alpha": 8, "targets": ["MLP", "attn"]}})",
+      "lora.json");
+  EXPECT_EQ(s.gpt.lora.rank, 4);
+  EXPECT_DOUBLE_EQ(s.gpt.lora.scale(), 2.0);
+  EXPECT_TRUE(s.gpt.lora.attn);
+  EXPECT_TRUE(s.gpt.lora.mlp);
+  EXPECT_EQ(spec_to_json(spec_from_json(spec_to_json(s), "again")), spec_to_json(s));
+  // Without alpha the scale is 1; without targets, the attention's linears.
+  const ModelSpec d = spec_from_json(R"({"family": "gpt", "n_embd": 32, "n_head": 2,
+                                         "lora": {"rank": 8}})",
+                                     "d");
+  EXPECT_DOUBLE_EQ(d.gpt.lora.scale(), 1.0);
+  EXPECT_TRUE(d.gpt.lora.attn);
+  EXPECT_FALSE(d.gpt.lora.mlp);
+  // No lora: the spec's JSON has none, as before adapters existed.
+  EXPECT_EQ(spec_to_json(spec_from_json(R"({"family": "gpt"})", "p")).find("lora"),
+            std::string::npos);
+}
+
+TEST(GptSpec, BadLoraFieldsAreNamed) {
+  expect_refused(R"({"family": "gpt", "n_embd": 32, "n_head": 2, "lora": {"rank": 33}})",
+                 "lora.rank is 33");
+  expect_refused(R"({"family": "gpt", "lora": {"rank": -1}})", "lora.rank");
+  expect_refused(R"({"family": "gpt", "lora": {"rank": 4, "alpha": -2}})", "lora.alpha");
+  expect_refused(R"({"family": "gpt", "lora": {"rank": 4, "targets": ["ffn"]}})", "'ffn'");
+  expect_refused(R"({"family": "gpt", "lora": {"rank": 4, "targets": []}})", "lora.targets");
+  expect_refused(R"({"family": "gpt", "lora": {"rank": 4, "dropout": 0.1}})", "lora.dropout");
+  expect_refused(R"({"family": "gpt", "lora": 4})", "lora must be an object");
+}
+
 }  // namespace
 }  // namespace pooch

@@ -307,6 +307,26 @@ void add_add(OpRegistry& r) {
   r.add(std::move(add));
 }
 
+// y = s·x (attribute "s", finite): LoRA's alpha/rank on an adapter's path.
+// Its gradient is the same op: dx = s·dy.
+void add_scale(OpRegistry& r) {
+  OpDef sc = unary("scale", 1);
+  sc.inplace_input = 0;
+  sc.infer = [](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
+    expect_float("scale", *in[0], "input");
+    const double s = attrs.get("s", 1.0);
+    if (!std::isfinite(s)) op_error("scale", fmt::format("attribute s = {} must be finite", s));
+    return {OutSpec{in[0]->dtype, in[0]->shape}};
+  };
+  sc.backward = [](Graph& g, const Node& fwd, std::span<const TensorId> dy,
+                   const std::vector<char>& needs, std::span<TensorId> dx) {
+    if (dy[0] == kNoTensor || !needs[0]) return;
+    dx[0] = g.add_op1("scale", {dy[0]}, Attrs{{"s", fwd.attrs.get("s", 1.0)}},
+                      grad_name(g, fwd.inputs[0]), Role::gradient);
+  };
+  r.add(std::move(sc));
+}
+
 // ---- layout: reshape, transpose ------------------------------------------------
 
 bool whole_in(double v, double lo, double hi) {
@@ -466,6 +486,7 @@ void register_dense_ops(OpRegistry& r) {
   add_dropout(r);
   add_layernorm(r);
   add_add(r);
+  add_scale(r);
   add_layout(r);
 }
 

@@ -574,6 +574,25 @@ POOCH_API pooch_status pooch_tokens_save(const char* path, const int32_t* tokens
  * outside that range. */
 POOCH_API pooch_status pooch_model_set_sequence_length(pooch_model* model, int64_t tokens);
 
+/* LoRA finetuning of a gpt model: adds rank-`rank` adapters to the linears
+ * `targets` names ("attn": attn.c_attn and attn.c_proj; "mlp": mlp.c_fc and
+ * mlp.c_proj; "attn,mlp"; NULL: "attn"), y = x·Wᵀ + b + (alpha/rank)·x·Aᵀ·Bᵀ,
+ * and freezes every base weight: a session then trains the adapters only
+ * (no gradient or optimizer state for the rest). A starts as PyTorch's
+ * Kaiming-uniform default, B at zero, so the model starts as it was.
+ * `alpha` 0 means alpha = rank. The model's weights are kept; a checkpoint
+ * loaded this way starts over (its optimizer state is for the base
+ * weights). POOCH_ERR_INVALID_ARG for other families, a model that already
+ * has adapters, rank outside 1..min(n_embd, 65536) or an unknown target. */
+POOCH_API pooch_status pooch_model_add_lora(pooch_model* model, int64_t rank, double alpha,
+                                            const char* targets);
+/* Folds the adapters of a LoRA-finetuned gpt model or checkpoint into its
+ * weights (W + (alpha/rank)·B·A) and writes the plain model to out_path,
+ * atomically: it computes the same function without the adapters' work,
+ * and exports to Hugging Face. POOCH_ERR_BAD_INPUT naming the file when it
+ * has no adapters. */
+POOCH_API pooch_status pooch_lora_merge(const char* model_path, const char* out_path);
+
 typedef struct pooch_lm_params {
   double val_fraction; /* the stream's tail held out for validation (default 0.1; 0: none) */
   int64_t eval_every;  /* validate every this many steps too (default 0: after each epoch only) */
