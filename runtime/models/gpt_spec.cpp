@@ -71,7 +71,9 @@ void validate_gpt_spec(const ModelSpec& s) {
     req(v >= lo && v <= hi,
         fmt::format("{} is {}; it must be from {} to {}{}", field, v, lo, hi, why));
   };
-  in_range("n_layer", g.n_layer, 1, 100000, "");
+  // GPT-3 has 96 layers. The bound keeps a 100-byte spec from building a
+  // graph of millions of ops (gigabytes and a minute before any check).
+  in_range("n_layer", g.n_layer, 1, 1024, "");
   in_range("n_head", g.n_head, 1, kMax, "");
   in_range("n_embd", g.n_embd, 1, kMax, "");
   in_range("n_ctx", g.n_ctx, 1, kMax, " (positions are 32-bit ids)");
