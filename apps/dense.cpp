@@ -542,6 +542,7 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
                                          : POOCH_OPT_ADAM;
   sp.learning_rate = tf.lr;
   sp.weight_decay = tf.weight_decay;
+  sp.clip_norm = tf.clip_norm < 0 ? 0.0f : tf.clip_norm;
   sp.resume = 0;
 
   LogFile log_file;

@@ -189,6 +189,7 @@ int run_lm_training(pooch_model* model, bool resume, const std::string& data, co
   sp.optimizer = opt == "adamw" ? POOCH_OPT_ADAMW : opt == "sgd" ? POOCH_OPT_SGD : POOCH_OPT_ADAM;
   sp.learning_rate = f.lr;
   sp.weight_decay = f.weight_decay;
+  sp.clip_norm = f.clip_norm;
   sp.resume = resume ? 1 : 0;
 
   pooch_lm_params lp;

@@ -124,11 +124,13 @@ void TrainFlags::resolve(bool bow) {
   if (lr_min_ratio < 0) lr_min_ratio = 0;
   if (plateau_patience == kAuto) plateau_patience = bow ? 0 : 2;
   if (early_stop == kAuto) early_stop = bow ? 0 : 4;
+  if (clip_norm < 0) clip_norm = 0;
 }
 
 void TrainFlags::resolve_gpt() {
   if (lr_schedule == "auto") lr_schedule = "cosine";
   if (lr_min_ratio < 0) lr_min_ratio = 0.1;  // as GPT-2 and nanoGPT train
+  if (clip_norm < 0) clip_norm = 1.0f;
   resolve(false);
 }
 
@@ -196,6 +198,12 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
   app->add_option("--weight-decay", f.weight_decay, "Weight decay (AdamW: decoupled)")
       ->check(in_range(0, kMaxWeightDecay, false))
       ->capture_default_str()
+      ->group("Training");
+  app->add_option("--clip-norm", f.clip_norm,
+                  "Clip the gradients to this global norm, as torch's clip_grad_norm_ (0: none; "
+                  "default 1 for gpt models, none otherwise)")
+      ->check(in_range(0, 1e6, false))
+      ->default_str("auto")
       ->group("Training");
   app->add_option("--warmup-steps,--warmup", f.warmup_steps, "Linear learning-rate warm-up steps")
       ->check(non_negative())
@@ -493,6 +501,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
                                         : POOCH_OPT_ADAM;
   sp.learning_rate = f.lr;
   sp.weight_decay = f.weight_decay;
+  sp.clip_norm = f.clip_norm < 0 ? 0.0f : f.clip_norm;
   sp.resume = resume ? 1 : 0;
 
   pooch_train_params tp;

@@ -58,6 +58,7 @@ struct TrainFlags {
   float lr = kAuto;
   std::string optimizer = "adam";
   float weight_decay = 0;
+  float clip_norm = kAuto;  // --clip-norm: 1 for gpt models, else 0 (none)
   int64_t warmup_steps = 0;
   std::string lr_schedule = "auto";  // constant or cosine (over the run's steps)
   double lr_min_ratio = kAuto;       // where cosine ends, as a share of --lr
@@ -80,7 +81,8 @@ struct TrainFlags {
   // Fills in what was left to auto: the bag-of-words defaults (`bow`) or the
   // general ones. Idempotent; run_training resolves what is left with bow false.
   void resolve(bool bow);
-  // The same for a gpt model: a cosine schedule down to 0.1 of --lr, then
+  // The same for a gpt model: a cosine schedule down to 0.1 of --lr and
+  // gradients clipped to norm 1 (GPT-2's recipe, as nanoGPT and llm.c), then
   // the general defaults.
   void resolve_gpt();
 };

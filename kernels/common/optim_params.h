@@ -7,12 +7,26 @@
 
 #include "kernel_abi.h"
 
+#if defined(__CUDACC__)
+#define POOCH_HOST_DEVICE __host__ __device__
+#else
+#define POOCH_HOST_DEVICE
+#endif
+
 namespace pooch::kern {
 
 // The context's lr_scale is the learning-rate schedule: like a torch
 // scheduler rewriting group['lr'], it scales every use of lr.
 inline double scheduled_lr(const KernelAttrs& at, const KernelContext* ctx) {
   return at.get("lr", 1e-3) * (ctx ? ctx->lr_scale : 1.0);
+}
+
+// torch.nn.utils.clip_grad_norm_'s factor, min(1, max_norm / (‖g‖ + 1e-6)),
+// from ‖g‖² (the update's last input): formed in double, rounded once.
+// CUDA kernels call it on the device, reading ‖g‖² there.
+POOCH_HOST_DEVICE inline float clip_coef(float sumsq, double max_norm) {
+  const double c = max_norm / (sqrt(static_cast<double>(sumsq)) + 1e-6);
+  return c < 1.0 ? static_cast<float>(c) : 1.0f;
 }
 
 struct SgdParams {

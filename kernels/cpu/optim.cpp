@@ -4,6 +4,7 @@
 // to float) so results track PyTorch's float32 run closely.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "../common/optim_params.h"
 #include "../common/supports.h"
@@ -23,15 +24,16 @@ using Sgd = SgdParams;
 using Adam = AdamParams;
 
 // With and without momentum are separate loops, so neither has a branch inside.
-void sgd_span(const Sgd& p, float* __restrict w, const float* __restrict g, float* __restrict mom,
-              int64_t n) {
+// `c` is the gradient's clipping factor (1: none; x·1 is exact).
+void sgd_span(const Sgd& p, float c, float* __restrict w, const float* __restrict g,
+              float* __restrict mom, int64_t n) {
   if (p.momentum == 0.0f) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) w[i] = w[i] - p.lr * (g[i] + p.wd * w[i]);
+    for (int64_t i = 0; i < n; ++i) w[i] = w[i] - p.lr * (g[i] * c + p.wd * w[i]);
   } else {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
-      const float m = p.momentum * mom[i] + (g[i] + p.wd * w[i]);
+      const float m = p.momentum * mom[i] + (g[i] * c + p.wd * w[i]);
       mom[i] = m;
       w[i] = w[i] - p.lr * m;
     }
@@ -40,12 +42,12 @@ void sgd_span(const Sgd& p, float* __restrict w, const float* __restrict g, floa
 
 // std::sqrt may set errno, so GCC keeps this loop scalar unless the build
 // passes -fno-math-errno; it is memory-bound either way (7 float streams).
-void adam_span(const Adam& p, float* __restrict w, const float* __restrict g, float* __restrict m,
-               float* __restrict v, int64_t n) {
+void adam_span(const Adam& p, float c, float* __restrict w, const float* __restrict g,
+               float* __restrict m, float* __restrict v, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     float wi = w[i];
-    float gi = g[i];
+    float gi = g[i] * c;
     if (p.decoupled)
       wi = wi * p.decay;
     else
@@ -63,8 +65,15 @@ void adam_span(const Adam& p, float* __restrict w, const float* __restrict g, fl
 // contiguous run for the vectorised loops above.
 constexpr int64_t kChunk = 1 << 14;
 
+// The clipping factor from the update's optional last input, ‖g‖².
+float clip_of(const KernelArgs& a, int at) {
+  return a.n_in > at ? clip_coef(a.in[at].as<const float>()[0], a.attrs.get("max_norm", 1.0))
+                     : 1.0f;
+}
+
 void sgd_dense(const KernelArgs& a) {
   const Sgd p = sgd_params(a.attrs, a.ctx);
+  const float clip = clip_of(a, 3);
   float* w = a.in[0].as<float>();
   const float* g = a.in[1].as<const float>();
   float* mom = a.in[2].as<float>();
@@ -73,12 +82,13 @@ void sgd_dense(const KernelArgs& a) {
 #pragma omp parallel for num_threads(threads_of(a)) if (n > kGrain) schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
-    sgd_span(p, w + lo, g + lo, mom + lo, len);
+    sgd_span(p, clip, w + lo, g + lo, mom + lo, len);
   }
 }
 
 void adam_dense(const KernelArgs& a) {
   const Adam p = adam_params(a.attrs, a.ctx);
+  const float clip = clip_of(a, 4);
   float* w = a.in[0].as<float>();
   const float* g = a.in[1].as<const float>();
   float* m = a.in[2].as<float>();
@@ -88,7 +98,7 @@ void adam_dense(const KernelArgs& a) {
 #pragma omp parallel for num_threads(threads_of(a)) if (n > kGrain) schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
-    adam_span(p, w + lo, g + lo, m + lo, v + lo, len);
+    adam_span(p, clip, w + lo, g + lo, m + lo, v + lo, len);
   }
 }
 
@@ -115,7 +125,7 @@ void sgd_rows(const KernelArgs& a) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = ids[i];
     if (r < 0 || r >= f) continue;
-    sgd_span(p, w + r * o, g + i * o, mom + r * o, o);
+    sgd_span(p, 1.0f, w + r * o, g + i * o, mom + r * o, o);
   }
 }
 
@@ -133,14 +143,34 @@ void adam_rows(const KernelArgs& a) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = ids[i];
     if (r < 0 || r >= f) continue;
-    adam_span(p, w + r * o, g + i * o, m + r * o, v + r * o, o);
+    adam_span(p, 1.0f, w + r * o, g + i * o, m + r * o, v + r * o, o);
   }
+}
+
+// out = acc + Σ g²: each chunk summed in double, the chunks added in order,
+// so the result does not depend on the thread count.
+void grad_sumsq(const KernelArgs& a) {
+  const float* g = a.in[0].as<const float>();
+  const int64_t n = a.in[0].numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part(static_cast<size_t>(chunks));
+#pragma omp parallel for num_threads(threads_of(a)) if (n > kGrain) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    for (int64_t i = c * kChunk, e = std::min(n, i + kChunk); i < e; ++i)
+      s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+    part[static_cast<size_t>(c)] = s;
+  }
+  double s = a.n_in > 1 ? static_cast<double>(a.in[1].as<const float>()[0]) : 0.0;
+  for (double p : part) s += p;
+  a.out[0].as<float>()[0] = static_cast<float>(s);
 }
 
 }  // namespace
 
 std::vector<KernelVariant> cpu_optim_kernels() {
   return {
+      {"grad_sumsq", "omp", grad_sumsq, nullptr, true, f32_operands},
       {"sgd_update", "omp", sgd_dense, nullptr, true, f32_operands},
       {"adam_update", "omp", adam_dense, nullptr, true, f32_operands},
       {"sgd_update_rows", "omp", sgd_rows, nullptr, true, f32_operands},

@@ -21,19 +21,21 @@ constexpr int kThreads = 256;
 using Sgd = SgdParams;
 using Adam = AdamParams;
 
-__device__ __forceinline__ void sgd_one(const Sgd& p, float* w, const float* g, float* mom) {
+// `c`: the gradient's clipping factor (1: none; x·1 is exact).
+__device__ __forceinline__ void sgd_one(const Sgd& p, float c, float* w, const float* g,
+                                        float* mom) {
   if (p.momentum == 0.0f) {
-    *w = *w - p.lr * (*g + p.wd * *w);
+    *w = *w - p.lr * (*g * c + p.wd * *w);
   } else {
-    const float m = p.momentum * *mom + (*g + p.wd * *w);
+    const float m = p.momentum * *mom + (*g * c + p.wd * *w);
     *mom = m;
     *w = *w - p.lr * m;
   }
 }
 
-__device__ __forceinline__ void adam_one(const Adam& p, float* w, const float* g, float* m,
+__device__ __forceinline__ void adam_one(const Adam& p, float c, float* w, const float* g, float* m,
                                          float* v) {
-  float wi = *w, gi = *g;
+  float wi = *w, gi = *g * c;
   if (p.decoupled)
     wi = wi * p.decay;
   else
@@ -46,16 +48,36 @@ __device__ __forceinline__ void adam_one(const Adam& p, float* w, const float* g
   *w = wi + p.neg_step_size * mi / denom;
 }
 
-#define POOCH_GRID_STRIDE(i, n)                                                   \
+#define POOCH_GRID_STRIDE(i, n)                                             \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
-__global__ void sgd_kernel(Sgd p, float* w, const float* g, float* mom, int64_t n) {
-  POOCH_GRID_STRIDE(i, n) sgd_one(p, w + i, g + i, mom + i);
+// sumsq: ‖g‖² on the device when the update clips (null: no clipping).
+__device__ __forceinline__ float clip_factor(const float* sumsq, double max_norm) {
+  return sumsq ? clip_coef(*sumsq, max_norm) : 1.0f;
 }
 
-__global__ void adam_kernel(Adam p, float* w, const float* g, float* m, float* v, int64_t n) {
-  POOCH_GRID_STRIDE(i, n) adam_one(p, w + i, g + i, m + i, v + i);
+__global__ void sgd_kernel(Sgd p, const float* sumsq, double max_norm, float* w, const float* g,
+                           float* mom, int64_t n) {
+  const float c = clip_factor(sumsq, max_norm);
+  POOCH_GRID_STRIDE(i, n) sgd_one(p, c, w + i, g + i, mom + i);
+}
+
+__global__ void adam_kernel(Adam p, const float* sumsq, double max_norm, float* w, const float* g,
+                            float* m, float* v, int64_t n) {
+  const float c = clip_factor(sumsq, max_norm);
+  POOCH_GRID_STRIDE(i, n) adam_one(p, c, w + i, g + i, m + i, v + i);
+}
+
+// out = acc + Σ g² in one block: each thread sums a strided share in double,
+// then block_sum's fixed tree (deterministic, no atomics).
+__global__ void grad_sumsq_kernel(const float* g, int64_t n, const float* acc, float* out) {
+  __shared__ double scratch[33];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) out[0] = static_cast<float>((acc ? static_cast<double>(*acc) : 0.0) + s);
 }
 
 // rows[0] = n, clamped to [0, cap]; ids outside [0, F) are skipped (the
@@ -65,27 +87,27 @@ __device__ __forceinline__ int64_t listed_rows(const int32_t* rows, int64_t cap)
   return n < 0 ? 0 : (n > cap ? cap : n);
 }
 
-__global__ void sgd_rows_kernel(Sgd p, float* w, const int32_t* rows, int64_t cap,
-                                const float* g, float* mom, int64_t F, int64_t O) {
+__global__ void sgd_rows_kernel(Sgd p, float* w, const int32_t* rows, int64_t cap, const float* g,
+                                float* mom, int64_t F, int64_t O) {
   const int64_t n = listed_rows(rows, cap);
   for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
     const int64_t r = rows[1 + i];
     if (r < 0 || r >= F) continue;
     for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < O;
          o += int64_t{gridDim.x} * blockDim.x)
-      sgd_one(p, w + r * O + o, g + i * O + o, mom + r * O + o);
+      sgd_one(p, 1.0f, w + r * O + o, g + i * O + o, mom + r * O + o);
   }
 }
 
-__global__ void adam_rows_kernel(Adam p, float* w, const int32_t* rows, int64_t cap,
-                                 const float* g, float* m, float* v, int64_t F, int64_t O) {
+__global__ void adam_rows_kernel(Adam p, float* w, const int32_t* rows, int64_t cap, const float* g,
+                                 float* m, float* v, int64_t F, int64_t O) {
   const int64_t n = listed_rows(rows, cap);
   for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
     const int64_t r = rows[1 + i];
     if (r < 0 || r >= F) continue;
     for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < O;
          o += int64_t{gridDim.x} * blockDim.x)
-      adam_one(p, w + r * O + o, g + i * O + o, m + r * O + o, v + r * O + o);
+      adam_one(p, 1.0f, w + r * O + o, g + i * O + o, m + r * O + o, v + r * O + o);
   }
 }
 
@@ -94,7 +116,8 @@ void sgd_dense(const KernelArgs& a) {
   const int64_t n = a.in[0].numel();
   if (n == 0) return;
   sgd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(a)>>>(
-      sgd_params(a.attrs, a.ctx), a.in[0].as<float>(), a.in[1].as<const float>(),
+      sgd_params(a.attrs, a.ctx), a.n_in > 3 ? a.in[3].as<const float>() : nullptr,
+      a.attrs.get("max_norm", 1.0), a.in[0].as<float>(), a.in[1].as<const float>(),
       a.in[2].as<float>(), n);
   launched("sgd_kernel");
 }
@@ -104,9 +127,18 @@ void adam_dense(const KernelArgs& a) {
   const int64_t n = a.in[0].numel();
   if (n == 0) return;
   adam_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(a)>>>(
-      adam_params(a.attrs, a.ctx), a.in[0].as<float>(), a.in[1].as<const float>(),
+      adam_params(a.attrs, a.ctx), a.n_in > 4 ? a.in[4].as<const float>() : nullptr,
+      a.attrs.get("max_norm", 1.0), a.in[0].as<float>(), a.in[1].as<const float>(),
       a.in[2].as<float>(), a.in[3].as<float>(), n);
   launched("adam_kernel");
+}
+
+void grad_sumsq(const KernelArgs& a) {
+  if (!f32_only(a, "grad_sumsq")) return;
+  grad_sumsq_kernel<<<1, 1024, 0, stream_of(a)>>>(a.in[0].as<const float>(), a.in[0].numel(),
+                                                  a.n_in > 1 ? a.in[1].as<const float>() : nullptr,
+                                                  a.out[0].as<float>());
+  launched("grad_sumsq_kernel");
 }
 
 struct RowsShape {
@@ -148,6 +180,7 @@ void adam_rows(const KernelArgs& a) {
 std::vector<KernelVariant> cuda_optim_kernels() {
   using namespace cuda;
   return {
+      {"grad_sumsq", "cuda", grad_sumsq, nullptr, true, f32_operands},
       {"sgd_update", "cuda", sgd_dense, nullptr, true, f32_operands},
       {"adam_update", "cuda", adam_dense, nullptr, true, f32_operands},
       {"sgd_update_rows", "cuda", sgd_rows, nullptr, true, f32_operands},

@@ -12,6 +12,7 @@ namespace {
 
 struct SgdParams {
   double lr, momentum, wd;
+  double clip = 1.0;  // the gradient's factor from clipping by global norm
 };
 
 // The context's lr_scale is the learning-rate schedule: like a torch
@@ -24,11 +25,22 @@ SgdParams sgd_params(const KernelAttrs& at, const KernelContext* ctx) {
   return {scheduled_lr(at, ctx), at.get("momentum", 0.0), at.get("weight_decay", 0.0)};
 }
 
+// torch.nn.utils.clip_grad_norm_: every gradient times
+// min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ over all of them; the update's input
+// `at` (when present) holds ‖g‖².
+double clip_factor(const KernelArgs& a, int at) {
+  if (a.n_in <= at) return 1.0;
+  const double norm = std::sqrt(static_cast<double>(a.in[at].as<const float>()[0]));
+  const double c = a.attrs.get("max_norm", 1.0) / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
 struct AdamParams {
   double lr, beta1, beta2, eps, wd;
   bool decoupled;
   double step_size;  // lr / (1 - beta1^t)
   double bc2_sqrt;   // sqrt(1 - beta2^t)
+  double clip = 1.0;
 };
 
 AdamParams adam_params(const KernelAttrs& at, const KernelContext* ctx) {
@@ -55,7 +67,7 @@ template <class T>
 void sgd_span(const SgdParams& p, T* w, const T* g, T* mom, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     double wi = w[i];
-    double d = static_cast<double>(g[i]) + p.wd * wi;
+    double d = static_cast<double>(g[i]) * p.clip + p.wd * wi;
     if (p.momentum != 0.0) {
       double m = p.momentum * static_cast<double>(mom[i]) + d;
       mom[i] = static_cast<T>(m);
@@ -72,7 +84,7 @@ template <class T>
 void adam_span(const AdamParams& p, T* w, const T* g, T* m, T* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     double wi = w[i];
-    double gi = g[i];
+    double gi = static_cast<double>(g[i]) * p.clip;
     if (p.decoupled)
       wi *= 1.0 - p.lr * p.wd;
     else
@@ -98,14 +110,27 @@ int64_t listed_rows(const TensorView& rows) {
 
 template <class T>
 void sgd_dense(const KernelArgs& a) {
-  sgd_span<T>(sgd_params(a.attrs, a.ctx), a.in[0].as<T>(), a.in[1].as<const T>(), a.in[2].as<T>(),
-              a.in[0].numel());
+  SgdParams p = sgd_params(a.attrs, a.ctx);
+  p.clip = clip_factor(a, 3);
+  sgd_span<T>(p, a.in[0].as<T>(), a.in[1].as<const T>(), a.in[2].as<T>(), a.in[0].numel());
 }
 
 template <class T>
 void adam_dense(const KernelArgs& a) {
-  adam_span<T>(adam_params(a.attrs, a.ctx), a.in[0].as<T>(), a.in[1].as<const T>(), a.in[2].as<T>(),
-               a.in[3].as<T>(), a.in[0].numel());
+  AdamParams p = adam_params(a.attrs, a.ctx);
+  p.clip = clip_factor(a, 4);
+  adam_span<T>(p, a.in[0].as<T>(), a.in[1].as<const T>(), a.in[2].as<T>(), a.in[3].as<T>(),
+               a.in[0].numel());
+}
+
+// out = acc + Σ g², summed in double in element order.
+template <class T>
+void grad_sumsq(const KernelArgs& a) {
+  double s = a.n_in > 1 ? static_cast<double>(a.in[1].as<const float>()[0]) : 0.0;
+  const T* g = a.in[0].as<const T>();
+  for (int64_t i = 0, n = a.in[0].numel(); i < n; ++i)
+    s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  a.out[0].as<float>()[0] = static_cast<float>(s);
 }
 
 template <class T>
@@ -151,6 +176,8 @@ void by_dtype(const KernelArgs& a) {
 
 std::vector<KernelVariant> ref_optim_kernels() {
   return {
+      {"grad_sumsq", "ref", by_dtype<grad_sumsq<float>, grad_sumsq<double>>, nullptr, true,
+       ref_float_operands},
       {"sgd_update", "ref", by_dtype<sgd_dense<float>, sgd_dense<double>>, nullptr, true,
        ref_float_operands},
       {"adam_update", "ref", by_dtype<adam_dense<float>, adam_dense<double>>, nullptr, true,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -26,7 +27,8 @@ std::string optimizer_to_json(const OptimizerConfig& o) {
   nlohmann::json j{{"kind", kind},          {"lr", o.lr},   {"beta1", o.beta1},
                    {"beta2", o.beta2},      {"eps", o.eps}, {"weight_decay", o.weight_decay},
                    {"momentum", o.momentum}};
-  if (!o.decay_vectors) j["decay_vectors"] = false;  // absent: every weight decays
+  if (!o.decay_vectors) j["decay_vectors"] = false;   // absent: every weight decays
+  if (o.clip_norm > 0) j["clip_norm"] = o.clip_norm;  // absent: no clipping
   return j.dump();
 }
 
@@ -50,6 +52,11 @@ OptimizerConfig optimizer_from_json(const std::string& text, const std::string& 
     o.weight_decay = j.at("weight_decay").get<double>();
     o.momentum = j.at("momentum").get<double>();
     if (j.contains("decay_vectors")) o.decay_vectors = j.at("decay_vectors").get<bool>();
+    if (j.contains("clip_norm")) o.clip_norm = j.at("clip_norm").get<double>();
+    if (!(o.clip_norm >= 0 && std::isfinite(o.clip_norm)))
+      throw Error(
+          POOCH_ERR_BAD_INPUT,
+          fmt::format("{}: clip_norm is {}; it must be finite and >= 0", source, o.clip_norm));
   } catch (const nlohmann::json::exception& e) {
     throw Error(POOCH_ERR_BAD_INPUT,
                 fmt::format("{}: the optimizer settings are malformed: {}", source, e.what()));

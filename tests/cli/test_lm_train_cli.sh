@@ -96,6 +96,17 @@ expect finetune-resume 0 "$RUN" finetune --data genesis.txt --bytes --steps 4 --
   --out ft2.pooch --resume ft2.pooch.ckpt
 cmp -s ft.pooch ft2.pooch && pass "finetune-resume-bit-identical" || fail "finetune-resume-bit-identical"
 
+# --clip-norm: gpt models clip to 1 by default; 0 turns it off, and a tight
+# norm changes the training; a negative one is refused before any work.
+CLIP=(train --data genesis.txt --spec tiny.json --bytes --batch 8 --steps 5 --seed 3 --threads 2)
+expect clip-off 0 "$RUN" "${CLIP[@]}" --clip-norm 0 --out clip0.pooch
+expect clip-tight 0 "$RUN" "${CLIP[@]}" --clip-norm 0.01 --out clip001.pooch
+cmp -s clip0.pooch clip001.pooch && fail "clip-changes-training: the same bytes" ||
+  pass "clip-changes-training"
+expect err-clip-negative 2 "$RUN" train --data genesis.txt "${FLAGS[@]}" --clip-norm -1 \
+  --out x.pooch
+contains err-clip-negative-msg err-clip-negative.err "clip-norm"
+
 # plan takes a gpt spec as it is (it once added an XMC input width to it).
 expect plan-gpt-spec 0 "$RUN" plan --spec tiny.json --threads 2
 contains plan-gpt-spec-msg plan-gpt-spec.out "plan of a train step of tiny.json \(gpt"

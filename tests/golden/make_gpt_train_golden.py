@@ -16,6 +16,8 @@ Face's without "transformer."; Conv1D weights transposed to [out, in]):
   adamw.losses  [10] the loss before each of 10 AdamW steps on the batch
                 (decay 0.1 on weights of rank 2, none on biases and
                 layernorms; lr 1e-3)
+  adamw_clip.losses  [10] the same with the gradients clipped to global
+                norm 0.5 before each step (clip_grad_norm_; every step clips)
   prompt        i32 [P] and generated i32 [N]: model.generate(prompt,
                 do_sample=False, max_new_tokens=N), the new tokens only
   loss          [1]
@@ -43,6 +45,7 @@ OUT = os.path.join(HERE, "gpt_tiny.safetensors")
 V, T, C, L, H, B = 97, 16, 32, 2, 2, 2
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, steps=10)
 PROMPT, NEW = [5, 17, 42, 3], 10
+CLIP = 0.5  # gradient clipping's max_norm for adamw_clip.losses
 
 torch.manual_seed(20240601)
 cfg = GPT2Config(vocab_size=V, n_positions=T, n_embd=C, n_layer=L, n_head=H,
@@ -136,6 +139,27 @@ for _ in range(ADAMW["steps"]):
     l.backward()
     opt.step()
 out["adamw.losses"] = np.array(losses, dtype=np.float32)
+
+# The same 10 steps with the gradients clipped to global norm CLIP first
+# (torch.nn.utils.clip_grad_norm_), from the same start: every step clips.
+m64 = GPT2LMHeadModel(cfg).eval().double()
+m64.load_state_dict(model.state_dict())
+m64 = m64.double()
+decay = [p for n, p in m64.named_parameters() if p.dim() >= 2 and n != "lm_head.weight"]
+no_decay = [p for n, p in m64.named_parameters() if p.dim() < 2]
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": ADAMW["weight_decay"]},
+                         {"params": no_decay, "weight_decay": 0.0}],
+                        lr=ADAMW["lr"], betas=ADAMW["betas"], eps=ADAMW["eps"])
+clip_losses, norms = [], []
+for _ in range(ADAMW["steps"]):
+    opt.zero_grad()
+    _, l = loss_of(m64)
+    clip_losses.append(l.item())
+    l.backward()
+    norms.append(torch.nn.utils.clip_grad_norm_(m64.parameters(), CLIP).item())
+    opt.step()
+assert min(norms) > CLIP, norms
+out["adamw_clip.losses"] = np.array(clip_losses, dtype=np.float32)
 
 save_file(out, OUT, metadata={"made_by": "tests/golden/make_gpt_train_golden.py",
                               "transformers": __import__("transformers").__version__})

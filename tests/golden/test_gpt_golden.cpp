@@ -150,7 +150,8 @@ SessionConfig cpu_config(int threads) {
 // Builds `spec` with logits, loads the golden weights, and compares the
 // loss, logits and the gradient of every trainable weight (`trainable` of
 // them, each in the file), then the losses of 10 AdamW steps.
-void expect_training_matches(const Tensors& j, const ModelSpec& spec, int threads, int trainable) {
+void expect_training_matches(const Tensors& j, const ModelSpec& spec, int threads, int trainable,
+                             double clip_norm = 0, const char* losses = "adamw.losses") {
   auto model = build_gpt_model(spec, {.logits = true});
   Graph g = model->graph;
   const TensorId loss = model->losses[0];
@@ -164,6 +165,7 @@ void expect_training_matches(const Tensors& j, const ModelSpec& spec, int thread
   opt.eps = 1e-8;
   opt.weight_decay = 0.1;
   opt.decay_vectors = false;
+  opt.clip_norm = clip_norm;
   append_optimizer(g, grads, opt);
   for (const WeightGrad& wg : grads) g.mark_output(wg.grad);
   Model m = model_from_graph(g);
@@ -193,7 +195,7 @@ void expect_training_matches(const Tensors& j, const ModelSpec& spec, int thread
 
   // 10 AdamW steps on the batch: the loss before each update.
   const int step = s.compile({loss}, true, true);
-  const std::vector<float> want = j.get<float>("adamw.losses");
+  const std::vector<float> want = j.get<float>(losses);
   std::vector<float> got;
   for (size_t i = 0; i < want.size(); ++i) {
     s.run_compiled(step);
@@ -215,6 +217,12 @@ class GptGolden : public testing::TestWithParam<int> {};
 TEST_P(GptGolden, LogitsLossGradientsAndAdamWMatchTransformers) {
   // wte, wpe, ln_f (2) and 12 tensors per block.
   expect_training_matches(golden(), tiny_spec(2), GetParam(), 4 + 2 * 12);
+}
+
+// Gradient clipping by global norm 0.5 before each AdamW step, as
+// torch.nn.utils.clip_grad_norm_ (every one of the 10 steps clips).
+TEST_P(GptGolden, ClippedAdamWMatchesTransformers) {
+  expect_training_matches(golden(), tiny_spec(2), GetParam(), 4 + 2 * 12, 0.5, "adamw_clip.losses");
 }
 
 // LoRA, rank 4 and alpha 8 on the four linears of each block: the base

@@ -103,6 +103,42 @@ std::vector<OpCase> optim_cases(Rng& rng) {
     }
   }
 
+  // Gradient clipping: the gradients' sum of squares as the last input, one
+  // above max_norm² (the factor 1.5/3 scales g) and one below (factor 1).
+  for (const Shape& s : {Shape{7}, Shape{257, 129}}) {
+    for (const double sumsq : {9.0, 0.01}) {
+      const HostTensor n{DType::f32, {1}, {sumsq}, "sumsq"};
+      const std::string label = shape_label(s) + " clip 1.5, |g|^2=" + num(sumsq);
+      OpCase c;
+      c.op = "sgd_update";
+      c.attrs = sgd_attrs(kSgd[3]);
+      c.attrs.set("max_norm", 1.5);
+      c.inputs = {randn(rng, s, "w"), randn(rng, s, "g"), randn(rng, s, "mom", 0.1), n};
+      c.label = label + sgd_label(kSgd[3]);
+      cases.push_back(std::move(c));
+      OpCase d;
+      d.op = "adam_update";
+      d.attrs = adam_attrs(kAdam[3]);
+      d.attrs.set("max_norm", 1.5);
+      HostTensor m = randn(rng, s, "m", 0.1);
+      HostTensor v = second_moment(rng, m, "v");
+      d.inputs = {randn(rng, s, "w"), randn(rng, s, "g"), std::move(m), std::move(v), n};
+      d.label = label + adam_label(kAdam[3]);
+      cases.push_back(std::move(d));
+    }
+  }
+  // The sum of squares, alone and added to a running sum.
+  for (const Shape& s : dense_shapes) {
+    for (const bool running : {false, true}) {
+      OpCase c;
+      c.op = "grad_sumsq";
+      c.inputs = {randn(rng, s, "g")};
+      if (running) c.inputs.push_back(HostTensor{DType::f32, {1}, {2.5}, "acc"});
+      c.label = shape_label(s) + (running ? " + acc" : "");
+      cases.push_back(std::move(c));
+    }
+  }
+
   // Row-sparse: w[F,O], rows[1+R], g[R,O]. Some rows listed (n < R), every
   // row listed (n = R = F), none (n = 0), no features, zero-width rows, and a
   // batch past the parallel threshold.

@@ -174,6 +174,49 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
 
 INSTANTIATE_TEST_SUITE_P(Models, OutOfCore, ::testing::Values(0, 1, 2));
 
+// Gradient clipping makes every update wait for every gradient (the norm
+// is over all of them): a plan that swaps and recomputes still trains the
+// same bits, within the budget, and the clipping does change the result.
+TEST(OutOfCore, ClippedTrainingIsBitForBitOutOfCore) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  Session plain(build(norm_spec()), cfg);
+  const auto unclipped = train(plain, 3);
+  cfg.optimizer.clip_norm = 0.05;
+  Session in_core(build(norm_spec()), cfg);
+  const auto expect = train(in_core, 3);
+  EXPECT_NE(expect, unclipped) << "a norm of 0.05 should have clipped";
+  size_t persistent = 0;
+  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
+    persistent += in_core.memory_plan().bytes_by_role[r];
+  const size_t whole = in_core.out_of_core().in_core_arena;
+  SessionConfig oc = cfg;
+  oc.strategy = Strategy::automatic;
+  oc.device_memory = persistent + (whole - persistent) * 3 / 4;
+  Session s(build(norm_spec()), oc);
+  EXPECT_TRUE(s.out_of_core().active);
+  EXPECT_LE(s.memory_plan().peak, oc.device_memory);
+  EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
+}
+
+// A sparse input layer's gradient is row-sparse: its norm is not clipped,
+// it is refused, naming the weight.
+TEST(Clipping, RowSparseGradientsAreRefused) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.optimizer.clip_norm = 1.0;
+  try {
+    Session s(build(xmc_spec()), cfg);
+    ADD_FAILURE() << "an XMC model with a sparse input layer was clipped";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(e.what()).find("row-sparse"), std::string::npos) << e.what();
+  }
+  cfg.optimizer.clip_norm = -1;
+  EXPECT_THROW(Session(build(norm_spec()), cfg), Error);
+}
+
 // Budgets below the weights and optimizer state: the session pages the
 // optimizer state (and then the weights) to the host pool, copies each in
 // before its uses and the updated ones back, and trains to the same bits.

@@ -57,12 +57,27 @@ void check_adam_attrs(std::string_view op, const Attrs& a) {
     op_error(op, fmt::format("attribute decoupled = {} must be 0 (Adam) or 1 (AdamW)", d));
 }
 
-// w, g and the states all alike (dense update).
-void check_dense(std::string_view op, InDescs in, int n_states) {
+// A running sum of squared gradient elements: f32 [1].
+void check_sumsq(std::string_view op, const TensorDesc& t, const char* role) {
+  expect_dtype(op, t, DType::f32, role);
+  if (t.shape != Shape{1})
+    op_error(op, fmt::format("{} '{}' {} must be f32 [1]", role, t.name, shape_str(t.shape)));
+}
+
+// w, g and the states all alike (dense update), then optionally the
+// gradients' sum of squares, with which the update clips its gradient to
+// the attribute max_norm (torch.nn.utils.clip_grad_norm_).
+void check_dense(std::string_view op, InDescs in, const Attrs& a, int n_states) {
   const TensorDesc& w = *in[0];
   check_weight(op, w);
   check_same(op, w, *in[1], "gradient");
   for (int s = 0; s < n_states; ++s) check_same(op, w, *in[2 + s], "state");
+  if (static_cast<int>(in.size()) > 2 + n_states) {
+    check_sumsq(op, *in[2 + n_states], "gradient sum of squares");
+    const double c = a.require(op, "max_norm");
+    if (!std::isfinite(c) || c <= 0)
+      op_error(op, fmt::format("attribute max_norm = {} must be finite and > 0", c));
+  }
 }
 
 // w[F,O], rows i32[1+R], g[R,O], states[F,O].
@@ -103,12 +118,28 @@ double rows_elems(InDescs in) {
 
 void register_optimizer_ops(OpRegistry& r) {
   {
+    // Gradient clipping by global norm: s = acc + Σ g² (acc 0 when absent),
+    // chained over every gradient so the last link holds ‖g‖².
+    OpDef d;
+    d.name = "grad_sumsq";
+    d.min_inputs = 1;  // g [, acc]
+    d.max_inputs = 2;
+    d.infer = [](InDescs in, const Attrs&) -> std::vector<OutSpec> {
+      expect_float("grad_sumsq", *in[0], "gradient");
+      if (in.size() > 1) check_sumsq("grad_sumsq", *in[1], "running sum");
+      return {OutSpec{DType::f32, Shape{1}}};
+    };
+    d.flops = [](InDescs in, InDescs, const Attrs&) { return 2.0 * numel(in[0]); };
+    r.add(std::move(d));
+  }
+  {
     OpDef d;
     d.name = "sgd_update";
-    d.min_inputs = d.max_inputs = 3;  // w, g, mom
+    d.min_inputs = 3;  // w, g, mom [, gradient sum of squares]
+    d.max_inputs = 4;
     d.mutates = {0, 2};
     d.infer = [](InDescs in, const Attrs& a) -> std::vector<OutSpec> {
-      check_dense("sgd_update", in, 1);
+      check_dense("sgd_update", in, a, 1);
       check_sgd_attrs("sgd_update", a);
       return {};
     };
@@ -120,10 +151,11 @@ void register_optimizer_ops(OpRegistry& r) {
   {
     OpDef d;
     d.name = "adam_update";
-    d.min_inputs = d.max_inputs = 4;  // w, g, m, v
+    d.min_inputs = 4;  // w, g, m, v [, gradient sum of squares]
+    d.max_inputs = 5;
     d.mutates = {0, 2, 3};
     d.infer = [](InDescs in, const Attrs& a) -> std::vector<OutSpec> {
-      check_dense("adam_update", in, 2);
+      check_dense("adam_update", in, a, 2);
       check_adam_attrs("adam_update", a);
       return {};
     };

@@ -229,7 +229,11 @@ typedef struct pooch_session_params {
                                (its memory is the budget unless device_memory is set; node
                                times from its roofline); NULL: none. Read during
                                pooch_session_create. */
-  uint8_t reserved[24]; /* zero: room for new fields (see the top of this file) */
+  float clip_norm;          /* gradient clipping by global norm, as torch's clip_grad_norm_:
+                               every gradient times min(1, clip_norm / (||g|| + 1e-6)),
+                               ||g|| over all of them (default 0: none; models with a
+                               row-sparse gradient, XMC sparse input layers, refuse it) */
+  uint8_t reserved[20]; /* zero: room for new fields (see the top of this file) */
 } pooch_session_params;
 
 POOCH_API void pooch_session_default_params(pooch_session_params* p);
