@@ -132,7 +132,8 @@ using DatasetHandle = Handle<pooch_dataset, pooch_dataset_free>;
 
 // A session that runs `model` (no training) where the device flags say.
 // Exit code.
-int open_session(pooch_model* model, const DeviceFlags& f, SessionHandle& s, Output& out);
+int open_session(pooch_model* model, const DeviceFlags& f, SessionHandle& s, Output& out,
+                 float clip_norm = 0);
 
 // Exit 2 (naming the flag and the path) unless the directory that is to hold
 // each output file exists and the path is not itself a directory: checked

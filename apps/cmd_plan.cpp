@@ -88,7 +88,11 @@ int run_plan(PlanOpts& o) {
   SessionHandle s;
   const std::string what = o.model.empty() ? o.mf.spec : o.model;
   o.device.plan_only = true;  // nothing is trained: take no memory
-  if (int rc = open_session(model.p, o.device, s, out)) {
+  // Plan the step train would run: gpt models clip by default, and clipping
+  // keeps every gradient until the updates.
+  if (o.tf.clip_norm < 0)
+    o.tf.clip_norm = std::string(pooch_model_family(model.p)) == "gpt" ? 1.0f : 0.0f;
+  if (int rc = open_session(model.p, o.device, s, out, o.tf.clip_norm)) {
     // For a described card, "it does not fit" is the answer, not a failure
     // of the command's own: say so on stdout too (the exit code stays).
     if (!o.device.machine.empty() && rc == kOutOfBudget) {
@@ -306,6 +310,11 @@ Command add_plan(CLI::App& app) {
       ->type_name("S.json");
   c->add_option("--batch", o->tf.batch, "Rows per step (default: the model's)")
       ->check(batch_range());
+  c->add_option("--clip-norm", o->tf.clip_norm,
+                "Plan a step that clips the gradients to this global norm (0: none; default as "
+                "train: 1 for gpt models, else none)")
+      ->check(in_range(0, 1e6, false))
+      ->default_str("auto");
   c->add_option("--svg", o->svg, "Draw memory and the streams over one step")
       ->type_name("FILE.svg");
   add_device_flags(c, o->device, "cpu");

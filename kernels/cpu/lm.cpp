@@ -437,8 +437,9 @@ void linear_xent_index_grad(const KernelArgs& a) {
   for (int64_t r = 0; r < h.rows; ++r) n += valid_id(cls[r], h.V) ? 1 : 0;
   const float scale =
       static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(std::max<int64_t>(n, 1)));
+  const bool want_dw = a.out[1].numel() > 0;  // empty: W is frozen
   if (h.rows == 0 || h.C == 0 || h.V == 0) {
-    std::fill(dw, dw + h.V * h.C, 0.0f);
+    if (want_dw) std::fill(dw, dw + h.V * h.C, 0.0f);
     std::fill(dx, dx + h.rows * h.C, 0.0f);
     return;
   }
@@ -466,8 +467,9 @@ void linear_xent_index_grad(const KernelArgs& a) {
       // dx[block] (+)= G·W[chunk]; dW[chunk] (+)= Gᵀ·x[block].
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(nr), bi(h.C), bi(nv), 1.0f, S,
                   bi(nv), w + v0 * h.C, bi(h.C), v0 == 0 ? 0.0f : 1.0f, dx + r0 * h.C, bi(h.C));
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(nv), bi(h.C), bi(nr), 1.0f, S, bi(nv),
-                  x + r0 * h.C, bi(h.C), r0 == 0 ? 0.0f : 1.0f, dw + v0 * h.C, bi(h.C));
+      if (want_dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(nv), bi(h.C), bi(nr), 1.0f, S,
+                    bi(nv), x + r0 * h.C, bi(h.C), r0 == 0 ? 0.0f : 1.0f, dw + v0 * h.C, bi(h.C));
     }
   }
 }

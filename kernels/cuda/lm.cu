@@ -856,8 +856,9 @@ void linear_xent_index_grad(const KernelArgs& a) {
   float* dx = a.out[0].as<float>();
   float* dw = a.out[1].as<float>();
   const cudaStream_t s = stream_of(a);
+  const bool want_dw = a.out[1].numel() > 0;  // empty: W is frozen
   if (h.rows == 0 || h.C == 0 || h.V == 0) {
-    if (h.V * h.C > 0 &&
+    if (want_dw && h.V * h.C > 0 &&
         !cuda_ok(cudaMemsetAsync(dw, 0, static_cast<size_t>(h.V * h.C) * 4, s), "cudaMemsetAsync"))
       return;
     if (h.rows * h.C > 0)
@@ -882,8 +883,8 @@ void linear_xent_index_grad(const KernelArgs& a) {
       if (!sgemm(hd, CUBLAS_OP_N, CUBLAS_OP_N, h.C, nr, nv, w + v0 * h.C, h.C, L.S, nv, v0 > 0,
                  dx + r0 * h.C, h.C))
         return;
-      if (!sgemm(hd, CUBLAS_OP_N, CUBLAS_OP_T, h.C, nv, nr, x + r0 * h.C, h.C, L.S, nv, r0 > 0,
-                 dw + v0 * h.C, h.C))
+      if (want_dw && !sgemm(hd, CUBLAS_OP_N, CUBLAS_OP_T, h.C, nv, nr, x + r0 * h.C, h.C, L.S, nv,
+                            r0 > 0, dw + v0 * h.C, h.C))
         return;
     }
   }

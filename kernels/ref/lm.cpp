@@ -321,7 +321,9 @@ struct LinearXentIndexGrad {
     T* dw = a.out[1].as<T>();
     const int64_t n = m.count();
     const double s = a.attrs.get("scale", 1.0) / static_cast<double>(n > 0 ? n : 1);
-    for (int64_t i = 0; i < m.V * m.C; ++i) dw[i] = T(0);
+    const bool want_dw = a.out[1].numel() > 0;  // empty: W is frozen
+    if (want_dw)
+      for (int64_t i = 0; i < m.V * m.C; ++i) dw[i] = T(0);
     for (int64_t r = 0; r < m.rows; ++r) {
       T* dxr = dx + r * m.C;
       for (int64_t k = 0; k < m.C; ++k) dxr[k] = T(0);
@@ -334,7 +336,7 @@ struct LinearXentIndexGrad {
                  static_cast<double>(m.w[v * m.C + k]);
         dxr[k] = static_cast<T>(acc);
       }
-      for (int64_t v = 0; v < m.V; ++v) {
+      for (int64_t v = 0; want_dw && v < m.V; ++v) {
         const double g = s * (std::exp(m.logit(r, v) - l) - (v == m.c[r] ? 1.0 : 0.0));
         for (int64_t k = 0; k < m.C; ++k)
           dw[v * m.C + k] = static_cast<T>(static_cast<double>(dw[v * m.C + k]) +

@@ -129,6 +129,13 @@ void lm_head_cases(Rng& rng, std::vector<OpCase>& out) {
     c.rtol = 2e-4;
     c.atol = 2e-5;
     c.label = fmt::format("x={} V={}", shape_str(d.x), d.V);
+    if (d.fd && d.V > 0) {
+      // A frozen W (LoRA): dx alone, and an empty dW.
+      OpCase frozen = c;
+      frozen.grad_inputs = {0};
+      frozen.label += " W frozen";
+      out.push_back(std::move(frozen));
+    }
     out.push_back(std::move(c));
   }
 }

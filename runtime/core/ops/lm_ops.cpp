@@ -309,9 +309,12 @@ void add_lm_head(OpRegistry& r) {
                   const std::vector<char>& needs, std::span<TensorId> dx) {
     if (!needs[0] && !needs[1]) return;
     const TensorId x = fwd.inputs[0], w = fwd.inputs[1];
-    const std::vector<TensorId> d =
-        g.add_op("linear_xent_index_grad", fwd.inputs, Attrs{{"scale", 1.0}},
-                 {grad_name(g, x), grad_name(g, w)}, Role::gradient);
+    // A frozen W (LoRA's tied embedding) gets no [V, C] gradient: an empty
+    // one, and a third less work.
+    Attrs a{{"scale", 1.0}};
+    if (!needs[1]) a.set("weight_grad", 0.0);
+    const std::vector<TensorId> d = g.add_op("linear_xent_index_grad", fwd.inputs, a,
+                                             {grad_name(g, x), grad_name(g, w)}, Role::gradient);
     if (needs[0]) dx[0] = d[0];
     if (needs[1]) dx[1] = d[1];
   };
@@ -325,12 +328,18 @@ void add_lm_head(OpRegistry& r) {
     check_lm_head(op, in);
     const double s = attrs.get("scale", 1.0);
     if (!std::isfinite(s)) op_error(op, fmt::format("attribute scale must be finite, got {}", s));
-    return {OutSpec{in[0]->dtype, in[0]->shape}, OutSpec{in[1]->dtype, in[1]->shape}};
+    const double wg = attrs.get("weight_grad", 1.0);
+    if (wg != 0.0 && wg != 1.0)
+      op_error(op, fmt::format("attribute weight_grad = {} must be 0 or 1", wg));
+    // weight_grad 0: dW is empty [0, C] (W is frozen), and not computed.
+    const Shape dw = wg != 0.0 ? in[1]->shape : Shape{0, in[1]->shape[1]};
+    return {OutSpec{in[0]->dtype, in[0]->shape}, OutSpec{in[1]->dtype, dw}};
   };
   // The logits twice (the normaliser, then the gradient) and dx, dW.
-  lg.flops = [](InDescs in, InDescs, const Attrs&) {
+  lg.flops = [](InDescs in, InDescs out, const Attrs&) {
     const double rows = numel(in[2]), V = static_cast<double>(in[1]->shape[0]);
-    return rows * V * (8.0 * static_cast<double>(in[0]->shape.back()) + 8.0);
+    const double gemms = out[1]->numel() > 0 ? 8.0 : 6.0;
+    return rows * V * (gemms * static_cast<double>(in[0]->shape.back()) + 8.0);
   };
   r.add(std::move(lg));
 }
