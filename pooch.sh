@@ -168,7 +168,7 @@ sanitize() {
 
 # ./pooch.sh demo lm: a byte-level gpt (4 layers, width 128, context 128;
 # apps/data/gpt_bytes_demo.json) trained for 300 steps on two threads (about
-# 143 s of CPU time; docs/CLI.md has the measurement) on the public-domain
+# 2.5 minutes on a quiet machine; docs/CLI.md has the measurements) on the public-domain
 # Genesis text that ships in apps/data, then a sample from it. Extra flags go
 # to the training command (e.g. --steps 100, --threads 4).
 demo_lm() {
