@@ -15,12 +15,16 @@ shift $(($# < 2 ? $# : 2))
 targets=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
-[ ${#targets[@]} -gt 0 ] || targets=(xmc_bow xmc_split xmc_cache npy pooch_file model_spec safetensors llmc_tokens
-  bpe_tokenizer image_npy gpt_checkpoint)
+# Default: every target the build has (tests/fuzz/meson.build lists them).
+if [ ${#targets[@]} -eq 0 ]; then
+  for bin in "$build"/tests/fuzz/fuzz_*; do
+    [ -x "$bin" ] && [ -f "$bin" ] && targets+=("${bin##*/fuzz_}")
+  done
+  [ ${#targets[@]} -gt 0 ] || { echo "run.sh: $build has no fuzz targets (meson setup -Dfuzz=enabled)" >&2; exit 1; }
+fi
 
-declare -A dict=([xmc_bow]=xmc_text [xmc_split]=xmc_text [npy]=npy [pooch_file]=pooch_file
-  [model_spec]=model_spec [safetensors]=safetensors [bpe_tokenizer]=bpe_tokenizer [image_npy]=npy
-  [gpt_checkpoint]=gpt_checkpoint)
+# A target's dictionary is <target>.dict, or the one of the format it shares.
+declare -A dict_alias=([xmc_bow]=xmc_text [xmc_split]=xmc_text [image_npy]=npy)
 artifacts=${ARTIFACTS:-$(mktemp -d "${TMPDIR:-/tmp}/pooch-fuzz-artifacts.XXXXXX")}
 work=$(mktemp -d "${TMPDIR:-/tmp}/pooch-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -30,7 +34,8 @@ for t in "${targets[@]}"; do
   [ -x "$bin" ] || { echo "run.sh: $bin is not built (meson setup -Dfuzz=enabled)" >&2; exit 1; }
   flags=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
     -artifact_prefix="$artifacts/$t-")
-  [ -n "${dict[$t]:-}" ] && flags+=(-dict="$here/${dict[$t]}.dict")
+  d=$here/${dict_alias[$t]:-$t}.dict
+  [ -f "$d" ] && flags+=(-dict="$d")
   mkdir -p "$work/$t"
   echo "== fuzz_$t: ${seconds} s"
   if ! "$bin" "${flags[@]}" "$@" "$work/$t" "$here/corpus/$t" > "$work/$t.log" 2>&1; then
