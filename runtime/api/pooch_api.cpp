@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -321,12 +320,7 @@ pooch_status pooch_session_create(pooch_model* model, const pooch_session_params
     o.eps = p->eps;
     o.weight_decay = p->weight_decay;
     o.momentum = p->momentum;
-    if (!(p->clip_norm >= 0 && std::isfinite(p->clip_norm)))
-      throw pooch::Error(POOCH_ERR_INVALID_ARG,
-                         fmt::format("pooch_session_create: clip_norm must be finite and >= 0 "
-                                     "(0: none), got {}",
-                                     p->clip_norm));
-    o.clip_norm = p->clip_norm;
+    o.clip_norm = p->clip_norm;  // append_optimizer refuses a negative or non-finite one
     const bool resume = model->file && model->file->checkpoint && !model->head_replaced &&
                         !model->adapters_added && p->resume;
     model->model();

@@ -45,7 +45,6 @@ LoraMergeReport merge_lora(const std::string& in, const std::string& out) {
   const ModelSpec& with = src.spec;
   ModelSpec plain = with;
   plain.gpt.lora = LoraSpec{};
-  plain.gpt.lora.rank = 0;
   const std::unique_ptr<Model> merged = build_model(plain);
   const PoochFile& f = src.file;
 
@@ -72,13 +71,12 @@ LoraMergeReport merge_lora(const std::string& in, const std::string& out) {
     folded[wname] = std::move(w);
   }
 
-  LoraMergeReport rep{static_cast<int64_t>(folded.size()), r, s, 0};
+  const LoraMergeReport rep{static_cast<int64_t>(folded.size()), r, s};
   std::map<std::string, std::span<const std::byte>, std::less<>> weights;
   const Graph& g = merged->graph;
   for (size_t t = 0; t < g.num_tensors(); ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     if (d.role != Role::weight) continue;
-    if (d.trainable) rep.parameters += d.numel();
     if (const auto it = folded.find(d.name); it != folded.end()) {
       weights[d.name] = std::as_bytes(std::span(it->second));
     } else if (const TensorEntry* e = f.find(d.name)) {
