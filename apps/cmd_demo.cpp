@@ -50,6 +50,10 @@ int run_demo(DemoOpts& o) {
           : "dense head",
       o.model.loss.c_str(), static_cast<long long>(o.train.batch), o.train.epochs,
       o.train.optimizer.c_str(), static_cast<double>(o.train.lr));
+  // A fixed number of epochs: nothing decides on the test set, whose
+  // figures each epoch are a report only (no plateau, no early stop).
+  o.train.plateau_patience = 0;
+  o.train.early_stop = 0;
   const int rc = run_training(model.p, false, data, o.train, o.device, false, out);
   const double secs = seconds_since(t0);
   std::printf("demo: total %.1f s\n", secs);
