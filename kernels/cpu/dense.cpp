@@ -85,8 +85,18 @@ void linear(const KernelArgs& a) {
     fill_zero(y, B * O);
   }
   if (I == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(B), bi(O), bi(I), 1.0f, x, bi(I), w,
-              bi(I), bias ? 1.0f : 0.0f, y, bi(O));
+  // One row (a decoding step at batch 1): OpenBLAS's GEMM would first pack
+  // all of W, reading it twice; GEMV streams it once, and at batch 1 the
+  // weights' bandwidth is the whole cost.
+  // y starts at zero (beta = 1 below) rather than trusting beta = 0 to
+  // overwrite arena garbage: some OpenBLAS versions scale y by beta, and
+  // 0 × NaN is NaN.
+  if (B == 1) {
+    if (!bias) fill_zero(y, O);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, bi(O), bi(I), 1.0f, w, bi(I), x, 1, 1.0f, y, 1);
+  } else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(B), bi(O), bi(I), 1.0f, x, bi(I), w,
+                bi(I), bias ? 1.0f : 0.0f, y, bi(O));
 }
 
 // dx[B,I] = dy[B,O]·W[O,I].

@@ -66,8 +66,10 @@ struct Model {
 // every marked graph output an output, with fixed shapes.
 Model model_from_graph(Graph g, uint64_t seed = 1);
 
-// The initial bytes of one weight.
-std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, uint64_t seed);
+// The initial bytes of one weight; normal draws use up to `threads` threads
+// (the values do not depend on it).
+std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, uint64_t seed,
+                                     int threads = 1);
 
 // Names typed by people match without regard to case ("Loss" finds "loss").
 bool same_name(std::string_view a, std::string_view b);

@@ -56,8 +56,10 @@ void linear_cases(Rng& rng, std::vector<OpCase>& out) {
   struct Dims {
     int64_t B, I, O;
   };
-  for (const Dims d : {Dims{0, 5, 7}, Dims{1, 1, 1}, Dims{3, 5, 7}, Dims{4, 0, 3}, Dims{5, 3, 0},
-                       Dims{17, 33, 9}, Dims{64, 256, 96}}) {
+  // B = 1 takes the CPU kernel's GEMV path (a decoding step): {1, 300, 129}
+  // at a size where OpenBLAS splits it over threads.
+  for (const Dims d : {Dims{0, 5, 7}, Dims{1, 1, 1}, Dims{1, 300, 129}, Dims{3, 5, 7},
+                       Dims{4, 0, 3}, Dims{5, 3, 0}, Dims{17, 33, 9}, Dims{64, 256, 96}}) {
     for (const bool bias : {false, true}) {
       OpCase c;
       c.op = "linear";
@@ -85,7 +87,7 @@ void linear_cases(Rng& rng, std::vector<OpCase>& out) {
     int64_t O;
   };
   for (const Nd& d :
-       {Nd{{2, 3, 5}, 7}, Nd{{3, 1, 4}, 1}, Nd{{2, 1, 3, 4}, 3}, Nd{{2, 3, 2, 17}, 9},
+       {Nd{{2, 3, 5}, 7}, Nd{{3, 1, 4}, 1}, Nd{{1, 1, 64}, 33}, Nd{{2, 1, 3, 4}, 3}, Nd{{2, 3, 2, 17}, 9},
         Nd{{0, 3, 5}, 4}, Nd{{2, 0, 3, 5}, 2}, Nd{{3, 4, 0}, 2}, Nd{{4, 16, 64}, 48}}) {
     for (const bool bias : {false, true}) {
       OpCase c;
