@@ -242,8 +242,9 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     const TensorDesc& d = graph_.tensor(static_cast<TensorId>(t));
     if (!persistent(d.role)) continue;
     const auto it = m.init.find(d.name);
-    const std::vector<std::byte> bytes = it != m.init.end() ? initial_value(d, it->second, m.seed, threads)
-                                                            : std::vector<std::byte>(d.bytes());
+    const std::vector<std::byte> bytes = it != m.init.end()
+                                             ? initial_value(d, it->second, m.seed, threads)
+                                             : std::vector<std::byte>(d.bytes());
     if (layout_.paged(static_cast<TensorId>(t)))
       std::memcpy(exec().host_pool() + layout_.home_offset[t], bytes.data(), bytes.size());
     else

@@ -86,9 +86,9 @@ void linear_cases(Rng& rng, std::vector<OpCase>& out) {
     Shape x;
     int64_t O;
   };
-  for (const Nd& d :
-       {Nd{{2, 3, 5}, 7}, Nd{{3, 1, 4}, 1}, Nd{{1, 1, 64}, 33}, Nd{{2, 1, 3, 4}, 3}, Nd{{2, 3, 2, 17}, 9},
-        Nd{{0, 3, 5}, 4}, Nd{{2, 0, 3, 5}, 2}, Nd{{3, 4, 0}, 2}, Nd{{4, 16, 64}, 48}}) {
+  for (const Nd& d : {Nd{{2, 3, 5}, 7}, Nd{{3, 1, 4}, 1}, Nd{{1, 1, 64}, 33}, Nd{{2, 1, 3, 4}, 3},
+                      Nd{{2, 3, 2, 17}, 9}, Nd{{0, 3, 5}, 4}, Nd{{2, 0, 3, 5}, 2}, Nd{{3, 4, 0}, 2},
+                      Nd{{4, 16, 64}, 48}}) {
     for (const bool bias : {false, true}) {
       OpCase c;
       c.op = "linear";
