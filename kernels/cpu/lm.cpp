@@ -407,6 +407,7 @@ void linear_xent_index(const KernelArgs& a) {
   const float* x = a.in[0].as<float>();
   const float* w = a.in[1].as<float>();
   const int32_t* cls = a.in[2].as<int32_t>();
+  float* lse = a.out[1].as<float>();
   auto* stats = static_cast<double*>(a.workspace);  // first: doubles need 8-byte alignment
   float* S = reinterpret_cast<float*>(stats + 3 * h.rb);
   double loss = 0.0;
@@ -414,11 +415,14 @@ void linear_xent_index(const KernelArgs& a) {
   for (int64_t r0 = 0; r0 < h.rows; r0 += h.rb) {
     const int64_t nr = std::min(h.rb, h.rows - r0);
     head_lse(x, w, cls, h, r0, nr, S, stats, stats + h.rb, threads_of(a));
-    for (int64_t r = 0; r < nr; ++r)
-      if (valid_id(cls[r0 + r], h.V)) {
+    for (int64_t r = 0; r < nr; ++r) {
+      const bool counted = valid_id(cls[r0 + r], h.V);
+      lse[r0 + r] = counted ? static_cast<float>(stats[r]) : 0.0f;
+      if (counted) {
         loss += stats[r] - stats[h.rb + r];
         ++n;
       }
+    }
   }
   a.out[0].as<float>()[0] = static_cast<float>(n > 0 ? loss / static_cast<double>(n) : 0.0);
 }
@@ -428,6 +432,7 @@ void linear_xent_index_grad(const KernelArgs& a) {
   const float* x = a.in[0].as<float>();
   const float* w = a.in[1].as<float>();
   const int32_t* cls = a.in[2].as<int32_t>();
+  const float* lse = a.in[3].as<float>();  // the forward's, per row
   float* dx = a.out[0].as<float>();
   float* dw = a.out[1].as<float>();
   auto* stats = static_cast<double*>(a.workspace);  // first: doubles need 8-byte alignment
@@ -445,7 +450,6 @@ void linear_xent_index_grad(const KernelArgs& a) {
   }
   for (int64_t r0 = 0; r0 < h.rows; r0 += h.rb) {
     const int64_t nr = std::min(h.rb, h.rows - r0);
-    head_lse(x, w, cls, h, r0, nr, S, stats, stats + h.rb, nt);
     for (int64_t v0 = 0; v0 < h.V; v0 += h.vc) {
       const int64_t nv = std::min(h.vc, h.V - v0);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(nr), bi(nv), bi(h.C), 1.0f,
@@ -459,7 +463,7 @@ void linear_xent_index_grad(const KernelArgs& a) {
           std::fill(s, s + nv, 0.0f);
           continue;
         }
-        const float l = static_cast<float>(stats[r]);
+        const float l = lse[r0 + r];
 #pragma omp simd
         for (int64_t j = 0; j < nv; ++j) s[j] = scale * std::exp(s[j] - l);
         if (c >= v0 && c < v0 + nv) s[c - v0] -= scale;

@@ -756,12 +756,16 @@ __global__ void head_stats_kernel(const float* __restrict__ S, int64_t nr, int64
   }
 }
 
-// m becomes lse; terms[r] = lse − target on counted rows.
+// m becomes lse; terms[r] = lse − target on counted rows, and the lse into
+// lse_out (0 on rows that do not count) for the backward pass.
 __global__ void head_finish_kernel(int64_t nr, int64_t V, const int32_t* __restrict__ cls, float* m,
-                                   const float* z, const float* tgt, double* terms) {
+                                   const float* z, const float* tgt, double* terms,
+                                   float* lse_out) {
   POOCH_GRID_STRIDE(r, nr) {
     m[r] += logf(z[r]);
-    terms[r] = valid_id(cls[r], V) ? static_cast<double>(m[r]) - tgt[r] : 0.0;
+    const bool counted = valid_id(cls[r], V);
+    terms[r] = counted ? static_cast<double>(m[r]) - tgt[r] : 0.0;
+    lse_out[r] = counted ? m[r] : 0.0f;
   }
 }
 
@@ -795,9 +799,10 @@ __global__ void head_grad_kernel(float* __restrict__ S, int64_t nr, int64_t nv, 
   }
 }
 
-// The lse of rows [r0, r0 + nr) into L.m (and their loss terms).
+// The lse of rows [r0, r0 + nr) into L.m and lse_out[r0, r0 + nr) (and
+// their loss terms).
 bool head_block_lse(cublasHandle_t hd, const float* x, const float* w, const int32_t* cls,
-                    const HeadGeom& h, int64_t r0, int64_t nr, const HeadLayout& L,
+                    const HeadGeom& h, int64_t r0, int64_t nr, const HeadLayout& L, float* lse_out,
                     cudaStream_t s) {
   head_init_kernel<<<grid_for(nr, kThreads), kThreads, 0, s>>>(nr, L.m, L.z, L.tgt);
   if (!launched("head_init_kernel")) return false;
@@ -811,7 +816,7 @@ bool head_block_lse(cublasHandle_t hd, const float* x, const float* w, const int
     if (!launched("head_stats_kernel")) return false;
   }
   head_finish_kernel<<<grid_for(nr, kThreads), kThreads, 0, s>>>(nr, h.V, cls + r0, L.m, L.z, L.tgt,
-                                                                 L.terms + r0);
+                                                                 L.terms + r0, lse_out + r0);
   return launched("head_finish_kernel");
 }
 
@@ -839,7 +844,9 @@ void linear_xent_index(const KernelArgs& a) {
   const bool any = h.rows > 0 && h.V > 0;
   if (any)
     for (int64_t r0 = 0; r0 < h.rows; r0 += h.rb)
-      if (!head_block_lse(hd, x, w, cls, h, r0, std::min(h.rb, h.rows - r0), L, s)) return;
+      if (!head_block_lse(hd, x, w, cls, h, r0, std::min(h.rb, h.rows - r0), L,
+                          a.out[1].as<float>(), s))
+        return;
   head_reduce_kernel<<<1, 256, 0, s>>>(any ? L.terms : nullptr, cls, h.rows, h.V, 1.0,
                                        a.out[0].as<float>(), nullptr);
   launched("head_reduce_kernel");
@@ -853,6 +860,7 @@ void linear_xent_index_grad(const KernelArgs& a) {
   const float* x = a.in[0].as<const float>();
   const float* w = a.in[1].as<const float>();
   const int32_t* cls = a.in[2].as<const int32_t>();
+  const float* lse = a.in[3].as<const float>();  // the forward's, per row
   float* dx = a.out[0].as<float>();
   float* dw = a.out[1].as<float>();
   const cudaStream_t s = stream_of(a);
@@ -870,14 +878,13 @@ void linear_xent_index_grad(const KernelArgs& a) {
   if (!launched("head_reduce_kernel")) return;
   for (int64_t r0 = 0; r0 < h.rows; r0 += h.rb) {
     const int64_t nr = std::min(h.rb, h.rows - r0);
-    if (!head_block_lse(hd, x, w, cls, h, r0, nr, L, s)) return;
     for (int64_t v0 = 0; v0 < h.V; v0 += h.vc) {
       const int64_t nv = std::min(h.vc, h.V - v0);
       if (!sgemm(hd, CUBLAS_OP_T, CUBLAS_OP_N, nv, nr, h.C, w + v0 * h.C, h.C, x + r0 * h.C, h.C,
                  false, L.S, nv))
         return;
-      head_grad_kernel<<<grid_for(nr * nv, kThreads), kThreads, 0, s>>>(L.S, nr, nv, v0, h.V,
-                                                                        cls + r0, L.m, L.scale);
+      head_grad_kernel<<<grid_for(nr * nv, kThreads), kThreads, 0, s>>>(
+          L.S, nr, nv, v0, h.V, cls + r0, lse + r0, L.scale);
       if (!launched("head_grad_kernel")) return;
       // dx[block] (+)= G·W[chunk]; dW[chunk] (+)= Gᵀ·x[block].
       if (!sgemm(hd, CUBLAS_OP_N, CUBLAS_OP_N, h.C, nr, nv, w + v0 * h.C, h.C, L.S, nv, v0 > 0,

@@ -301,15 +301,20 @@ template <class T>
 struct LinearXentIndex {
   static void run(const KernelArgs& a) {
     const LmHead<T> m(a);
+    T* lse_out = a.out[1].as<T>();
     double loss = 0.0;
-    for (int64_t r = 0; r < m.rows; ++r)
-      if (m.counted(r)) loss += m.lse(r) - m.logit(r, m.c[r]);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const double l = m.counted(r) ? m.lse(r) : 0.0;
+      lse_out[r] = static_cast<T>(l);
+      if (m.counted(r)) loss += l - m.logit(r, m.c[r]);
+    }
     const int64_t n = m.count();
     a.out[0].as<T>()[0] = static_cast<T>(n > 0 ? loss / static_cast<double>(n) : 0.0);
   }
 };
 
-// Row by row: each row's lse once, then its softmax row added into dW. dx
+// Row by row, with each row's lse from the forward pass (input 3): its
+// softmax row added into dW. dx
 // is summed in double per element; dW accumulates over rows in T (exact in
 // the f64 runs that finite differences use; the f32 comparison tolerances
 // cover the rest).
@@ -328,7 +333,7 @@ struct LinearXentIndexGrad {
       T* dxr = dx + r * m.C;
       for (int64_t k = 0; k < m.C; ++k) dxr[k] = T(0);
       if (!m.counted(r)) continue;
-      const double l = m.lse(r);
+      const double l = static_cast<double>(a.in[3].as<T>()[r]);  // the forward's lse
       for (int64_t k = 0; k < m.C; ++k) {
         double acc = 0.0;
         for (int64_t v = 0; v < m.V; ++v)

@@ -149,7 +149,8 @@ std::unique_ptr<Model> build_gpt_model(const ModelSpec& spec, const GptBuildOpti
   const TensorId hf = b.layernorm(h, "ln_f");
   // The output projection is wte itself (tied): its gradient is the head's
   // dense one with the embedding's rows added in.
-  const TensorId loss = g.add_op1("linear_xent_index", {hf, wte, targets}, {}, "loss");
+  const TensorId loss =
+      g.add_op("linear_xent_index", {hf, wte, targets}, {}, {"loss", "loss.lse"})[0];
   g.mark_output(loss);
   m->losses.push_back(loss);
   if (opt.logits) {

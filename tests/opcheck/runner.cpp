@@ -961,8 +961,10 @@ struct Checker {
 
     // An output whose gradient no backward op reads (layernorm's mean and
     // rstd) is not differentiated through, as in autodiff, so it stays out
-    // of the objective.
-    b.in_objective.assign(b.out.size(), def.is_loss ? 1 : 0);
+    // of the objective. A loss op's objective is its scalar output 0 alone;
+    // its other outputs are saved for its backward (linear_xent_index's lse).
+    b.in_objective.assign(b.out.size(), 0);
+    if (def.is_loss) b.in_objective[0] = 1;
     for (size_t o = 0; o < b.out.size(); ++o) {
       if (b.dy[o] == kNoTensor) continue;
       for (size_t n = b.fwd + 1; n < b.g.nodes().size(); ++n)
@@ -1308,12 +1310,8 @@ int run_opcheck(const Options& opt) {
     const char* name;
     std::vector<OpCase> (*make)(Rng&);
   };
-  const Family families[] = {{"dense", dense_cases},
-                             {"sparse", sparse_cases},
-                             {"loss", loss_cases},
-                             {"optim", optim_cases},
-                             {"conv", conv_cases},
-                             {"lm", lm_cases}};
+  const Family families[] = {{"dense", dense_cases}, {"sparse", sparse_cases}, {"loss", loss_cases},
+                             {"optim", optim_cases}, {"conv", conv_cases},     {"lm", lm_cases}};
   std::vector<std::string> fd_covered;
   for (uint32_t f = 0; f < std::size(families); ++f) {
     Rng rng = family_rng(opt.seed, f);

@@ -295,9 +295,12 @@ void add_lm_head(OpRegistry& r) {
   l.name = "linear_xent_index";
   l.min_inputs = l.max_inputs = 3;
   l.is_loss = true;
+  // Output 1 is each row's log-sum-exp over the vocabulary (0 on rows that
+  // do not count), saved for the backward pass so that it computes the
+  // logits once instead of twice: [rows] floats against [rows × V] logits.
   l.infer = [](InDescs in, const Attrs&) -> std::vector<OutSpec> {
     check_lm_head("linear_xent_index", in);
-    return {OutSpec{in[0]->dtype, Shape{}}};
+    return {OutSpec{in[0]->dtype, Shape{}}, OutSpec{in[0]->dtype, in[2]->shape}};
   };
   // The logits (2·rows·V·C) and the softmax over them (about 4 per logit).
   l.flops = [](InDescs in, InDescs, const Attrs&) {
@@ -313,7 +316,9 @@ void add_lm_head(OpRegistry& r) {
     // one, and a third less work.
     Attrs a{{"scale", 1.0}};
     if (!needs[1]) a.set("weight_grad", 0.0);
-    const std::vector<TensorId> d = g.add_op("linear_xent_index_grad", fwd.inputs, a,
+    std::vector<TensorId> in = fwd.inputs;
+    in.push_back(fwd.outputs[1]);  // the saved log-sum-exp
+    const std::vector<TensorId> d = g.add_op("linear_xent_index_grad", std::move(in), a,
                                              {grad_name(g, x), grad_name(g, w)}, Role::gradient);
     if (needs[0]) dx[0] = d[0];
     if (needs[1]) dx[1] = d[1];
@@ -322,10 +327,15 @@ void add_lm_head(OpRegistry& r) {
 
   OpDef lg;
   lg.name = "linear_xent_index_grad";
-  lg.min_inputs = lg.max_inputs = 3;
+  lg.min_inputs = lg.max_inputs = 4;
   lg.infer = [](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
     const std::string_view op = "linear_xent_index_grad";
     check_lm_head(op, in);
+    const TensorDesc& lse = *in[3];
+    expect_dtype(op, lse, in[0]->dtype, "log-sum-exp");
+    if (lse.shape != in[2]->shape)
+      op_error(op, fmt::format("log-sum-exp '{}' {} must have the shape {} of the class ids",
+                               lse.name, shape_str(lse.shape), shape_str(in[2]->shape)));
     const double s = attrs.get("scale", 1.0);
     if (!std::isfinite(s)) op_error(op, fmt::format("attribute scale must be finite, got {}", s));
     const double wg = attrs.get("weight_grad", 1.0);
@@ -335,10 +345,10 @@ void add_lm_head(OpRegistry& r) {
     const Shape dw = wg != 0.0 ? in[1]->shape : Shape{0, in[1]->shape[1]};
     return {OutSpec{in[0]->dtype, in[0]->shape}, OutSpec{in[1]->dtype, dw}};
   };
-  // The logits twice (the normaliser, then the gradient) and dx, dW.
+  // The logits once (the normaliser is the saved lse), then dx and dW.
   lg.flops = [](InDescs in, InDescs out, const Attrs&) {
     const double rows = numel(in[2]), V = static_cast<double>(in[1]->shape[0]);
-    const double gemms = out[1]->numel() > 0 ? 8.0 : 6.0;
+    const double gemms = out[1]->numel() > 0 ? 6.0 : 4.0;
     return rows * V * (gemms * static_cast<double>(in[0]->shape.back()) + 8.0);
   };
   r.add(std::move(lg));
