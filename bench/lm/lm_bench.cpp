@@ -12,6 +12,10 @@
 //   pooch-bench-lm [--layers 12] [--heads 12] [--width 768] [--vocab 50257]
 //                  [--ctx 256] [--batch 1] [--steps 3] [--threads 2]
 //                  [--gen-tokens 32] [--prompt 16] [--device cpu|cuda]
+//                  [--profile 1]
+//
+// --profile 1: also one profiled train step, its time per op kind on stderr
+// (where the step goes).
 #include <fmt/format.h>
 #include <sys/resource.h>
 
@@ -19,6 +23,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
   GptSpec g = gpt_size("gpt2");
   int64_t ctx = 256, batch = 1, steps = 3, gen_tokens = 32, prompt = 16;
   int threads = 2;
+  bool profile = false;
   DeviceKind device = DeviceKind::cpu;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -72,6 +78,8 @@ int main(int argc, char** argv) {
       gen_tokens = n;
     else if (k == "--prompt")
       prompt = n;
+    else if (k == "--profile")
+      profile = n != 0;
     else if (k == "--device")
       device = std::strcmp(v, "cuda") == 0 ? DeviceKind::cuda : DeviceKind::cpu;
     else {
@@ -108,6 +116,23 @@ int main(int argc, char** argv) {
     std::vector<double> warm(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
     std::sort(warm.begin(), warm.end());
     const double step_s = warm[warm.size() / 2];
+    if (profile) {
+      s.run_profiled_train_step();
+      std::map<std::string, double> by_op;
+      double total = 0;
+      const auto& nodes = s.graph().nodes();
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        by_op[nodes[i].op] += s.profile().node_seconds[i];
+        total += s.profile().node_seconds[i];
+      }
+      std::vector<std::pair<double, std::string>> rows;
+      for (const auto& [op, t] : by_op) rows.emplace_back(t, op);
+      std::sort(rows.rbegin(), rows.rend());
+      std::fprintf(stderr, "one profiled train step: %.3f s in kernels\n", total);
+      for (const auto& [t, op] : rows)
+        if (t > 0.002 * total)
+          std::fprintf(stderr, "  %-28s %8.1f ms %5.1f%%\n", op.c_str(), t * 1e3, 100 * t / total);
+    }
 
     Generator gen(spec, cfg);
     gen.copy_weights(s);

@@ -24,6 +24,7 @@
 #include "../common/supports.h"
 #include "../common/util.h"
 #include "cpu_kernels.h"
+#include "vec_math.h"
 
 namespace pooch::kern {
 namespace {
@@ -132,6 +133,10 @@ void embedding_grad_dense(const KernelArgs& a) {
 constexpr float kGeluK = 0.7978845608f;
 constexpr float kGeluA = 0.044715f;
 
+// 0.5·(1 + tanh(u)) is σ(2u): written so, the loop needs no libm call
+// (std::tanh is a scalar call that stops the vectoriser: gelu and its
+// gradient were 16% of a GPT-2 124M train step) and 1 + tanh(u) never
+// cancels for very negative u.
 void gelu_tanh(const KernelArgs& a) {
   const float* x = a.in[0].as<float>();
   float* y = a.out[0].as<float>();
@@ -139,7 +144,7 @@ void gelu_tanh(const KernelArgs& a) {
 #pragma omp parallel for simd num_threads(threads_of(a)) if (n > kGrain) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    y[i] = 0.5f * v * (1.0f + std::tanh(kGeluK * (v + kGeluA * v * v * v)));
+    y[i] = v * sigmoid_f(2.0f * kGeluK * (v + kGeluA * v * v * v));
   }
 }
 
@@ -150,10 +155,10 @@ void gelu_tanh_grad(const KernelArgs& a) {
   const int64_t n = a.in[0].numel();
 #pragma omp parallel for simd num_threads(threads_of(a)) if (n > kGrain) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
+    // With s = σ(2u) = 0.5·(1 + tanh u): 0.5·(1 − tanh² u) = 2·s·(1 − s).
     const float v = x[i];
-    const float t = std::tanh(kGeluK * (v + kGeluA * v * v * v));
-    const float d =
-        0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluA * v * v);
+    const float s = sigmoid_f(2.0f * kGeluK * (v + kGeluA * v * v * v));
+    const float d = s + 2.0f * v * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluA * v * v);
     dx[i] = dy[i] * d;
   }
 }

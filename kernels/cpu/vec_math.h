@@ -1,6 +1,7 @@
-// Branch-free f32 math the CPU loss kernels share (loss.cpp and the fused
-// output layer, ffi_head.cpp): libm's exp and log1p are scalar calls that
-// stop the vectoriser, so these are polynomials, and edge cases are selects.
+// Branch-free f32 math the CPU kernels share (the losses in loss.cpp, the
+// fused output layer in ffi_head.cpp, GELU in lm.cpp): libm's exp, log1p and
+// tanh are scalar calls that stop the vectoriser, so these are polynomials,
+// and edge cases are selects.
 #pragma once
 #include <bit>
 #include <cmath>
