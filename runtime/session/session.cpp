@@ -169,9 +169,50 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   std::vector<char> paged;
   size_t in_core_arena = 0;  // level 0's: the step with everything on the device
   double in_core_seconds = 0;
+  // Once a level fits with all its tensors paged: the fewest of them, largest
+  // first, that still fit (by bisection over how many; paging every
+  // optimizer state where a third would do copies three times the bytes each
+  // step), unless the simulator says paging them all is faster (resident
+  // weights can leave less room for activations). The plan kept is planned
+  // last.
+  auto page_fewer = [&](int level) {
+    const Role role = level == 1 ? Role::optimizer_state : Role::weight;
+    std::vector<TensorId> cand;
+    for (size_t t = 0; t < paged.size(); ++t)
+      if (paged[t] && graph_.tensor(static_cast<TensorId>(t)).role == role)
+        cand.push_back(static_cast<TensorId>(t));
+    std::stable_sort(cand.begin(), cand.end(), [&](TensorId a, TensorId b) {
+      return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
+    });
+    auto first = [&](size_t k) {
+      std::vector<char> m = paged;
+      for (size_t i = k; i < cand.size(); ++i) m[static_cast<size_t>(cand[i])] = 0;
+      return m;
+    };
+    const double all_seconds = ooc_.predicted_seconds;
+    size_t lo = 0, hi = cand.size();  // lo: the level below, which did not fit; hi fits
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      try {
+        plan_all(first(mid));
+        hi = mid;
+      } catch (const Error& e) {
+        if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
+        lo = mid;
+      }
+    }
+    if (hi == cand.size()) return plan_all(paged);
+    plan_all(first(hi));
+    if (ooc_.predicted_seconds <= all_seconds) {
+      paged = first(hi);
+      return;
+    }
+    plan_all(paged);
+  };
   for (int level = 0;; ++level) {
     try {
       plan_all(paged);
+      if (level > 0) page_fewer(level);
       if (level > 0) {
         ooc_.in_core_arena = in_core_arena;
         ooc_.predicted_in_core = in_core_seconds;

@@ -300,6 +300,28 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
           r.paged_copy_bytes, r.predicted_seconds, r.predicted_in_core);
     }
   }
+  // Between b1 and b0 paging some of the optimizer state is enough: the
+  // session pages fewer than all of it (largest first), and no weight.
+  size_t all_state = 0;
+  for (size_t t = 0; t < in_core.graph().num_tensors(); ++t)
+    if (in_core.graph().tensor(static_cast<TensorId>(t)).role == Role::optimizer_state)
+      all_state += in_core.graph().tensor(static_cast<TensorId>(t)).bytes();
+  SessionConfig oc = cfg;
+  oc.strategy = Strategy::swap_all;
+  oc.device_memory = b1 + (b0 - b1) / 2;
+  SCOPED_TRACE(std::string(c.name) + " partial paging, budget " + std::to_string(oc.device_memory));
+  Session s(build(c.spec), oc);
+  const OutOfCoreReport& r = s.out_of_core();
+  EXPECT_GT(r.paged_bytes, 0u);
+  EXPECT_LT(r.paged_bytes, all_state);
+  for (size_t t = 0; t < s.graph().num_tensors(); ++t)
+    if (s.layout().paged(static_cast<TensorId>(t))) {
+      EXPECT_EQ(s.graph().tensor(static_cast<TensorId>(t)).role, Role::optimizer_state);
+    }
+  EXPECT_LE(s.backend().memory_info().arena_bytes, oc.device_memory);
+  EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
+  std::printf("%-8s partial    budget %8zu  paged %8zu of %8zu bytes of optimizer state\n", c.name,
+              oc.device_memory, r.paged_bytes, all_state);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Paging, ::testing::Values(0, 1, 2));
@@ -411,8 +433,8 @@ Profile profile_of(std::vector<double> nodes, double h2d, double d2h) {
 // The measured profile is each node's median over the profiled runs: one
 // slow run (another process's burst) moves nothing.
 TEST(Profiler, TheProfileIsEachNodesMedianOverTheRuns) {
-  const Profile m = median_profile({profile_of({1, 10}, 5e9, 4e9), profile_of({9, 2}, 6e9, 1e9),
-                                    profile_of({2, 3}, 7e9, 2e9)});
+  const Profile m = median_profile(
+      {profile_of({1, 10}, 5e9, 4e9), profile_of({9, 2}, 6e9, 1e9), profile_of({2, 3}, 7e9, 2e9)});
   EXPECT_EQ(m.node_seconds, (std::vector<double>{2, 3}));
   EXPECT_EQ(m.link.h2d_bandwidth, 6e9);
   EXPECT_EQ(m.link.d2h_bandwidth, 2e9);
