@@ -272,9 +272,8 @@ int main(int argc, char** argv) {
         saved += sa.bytes;
       fmt::print(
           "\n{}: in-core step {:.1f} ms, arena {:.1f} MiB (weights and optimizer state "
-          "{:.1f} MiB, saved activations {:.1f} MiB); CPU {:.1f} GFLOP/s = {:.4f} x GTX 1650, so "
-          "the link is {:.3g} "
-          "MB/s and {:.0f} us a copy\n",
+          "{:.1f} MiB, saved activations {:.1f} MiB); CPU {:.1f} GFLOP/s = {:.4f} x GTX 1650, "
+          "so the link is {:.3g} MB/s and {:.0f} us a copy\n",
           b.name, t_in * 1e3, arena / 1048576.0, persistent / 1048576.0, saved / 1048576.0,
           rate / 1e9, scale, link / 1e6, kCardLatency / scale * 1e6);
       fmt::print("{:<16} {:>7} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>9} {:>8}\n", "strategy",

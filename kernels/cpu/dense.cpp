@@ -87,10 +87,9 @@ void linear(const KernelArgs& a) {
   if (I == 0) return;
   // One row (a decoding step at batch 1): OpenBLAS's GEMM would first pack
   // all of W, reading it twice; GEMV streams it once, and at batch 1 the
-  // weights' bandwidth is the whole cost.
-  // y starts at zero (beta = 1 below) rather than trusting beta = 0 to
-  // overwrite arena garbage: some OpenBLAS versions scale y by beta, and
-  // 0 × NaN is NaN.
+  // weights' bandwidth is the whole cost. Its y starts at zero (beta = 1)
+  // rather than trusting beta = 0 to overwrite arena garbage: some OpenBLAS
+  // versions scale y by beta, and 0 × NaN is NaN.
   if (B == 1) {
     if (!bias) fill_zero(y, O);
     cblas_sgemv(CblasRowMajor, CblasNoTrans, bi(O), bi(I), 1.0f, w, bi(I), x, 1, 1.0f, y, 1);

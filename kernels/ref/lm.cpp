@@ -314,10 +314,9 @@ struct LinearXentIndex {
 };
 
 // Row by row, with each row's lse from the forward pass (input 3): its
-// softmax row added into dW. dx
-// is summed in double per element; dW accumulates over rows in T (exact in
-// the f64 runs that finite differences use; the f32 comparison tolerances
-// cover the rest).
+// softmax row added into dW. dx is summed in double per element; dW
+// accumulates over rows in T (exact in the f64 runs that finite differences
+// use; the f32 comparison tolerances cover the rest).
 template <class T>
 struct LinearXentIndexGrad {
   static void run(const KernelArgs& a) {

@@ -103,8 +103,8 @@ std::vector<std::byte> initial_value(const TensorDesc& d, const WeightInit& w, u
     case WeightInit::Kind::normal: {
       // Box-Muller over pairs of counter-based uniforms: element i takes
       // the cosine or sine half of pair i/2, so a value depends on its index
-      // alone, and the pairs can be drawn in parallel (GPT-2 124M has 124 M
-      // of them; one thread takes seconds).
+      // alone, and the pairs can be drawn in parallel (GPT-2 124M draws 124 M
+      // values; one thread takes seconds).
       float* v = reinterpret_cast<float*>(out.data());
       const auto pairs = static_cast<int64_t>((n + 1) / 2);
 #pragma omp parallel for num_threads(std::max(1, threads)) if (pairs > 65536) schedule(static)

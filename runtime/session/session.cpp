@@ -172,8 +172,9 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // Once a level fits with all its tensors paged: the fewest of them, largest
   // first, that still fit (by bisection over how many; paging every
   // optimizer state where a third would do copies three times the bytes each
-  // step), unless the simulator says paging them all is faster (resident
-  // weights can leave less room for activations). The plan kept is planned
+  // step). The fewest is not always the fastest (paging more leaves the
+  // activations more room), so three counts between it and all are planned
+  // too, and the simulator picks; ties go to fewer. The plan kept is planned
   // last.
   auto page_fewer = [&](int level) {
     const Role role = level == 1 ? Role::optimizer_state : Role::weight;
@@ -201,12 +202,28 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         lo = mid;
       }
     }
-    if (hi == cand.size()) return plan_all(paged);
-    plan_all(first(hi));
-    if (ooc_.predicted_seconds <= all_seconds) {
-      paged = first(hi);
-      return;
+    size_t best = cand.size();
+    double best_seconds = all_seconds;
+    size_t prev = cand.size();
+    for (size_t q = 0; q < 4; ++q) {
+      const size_t k = hi + (cand.size() - hi) * q / 4;
+      if (k == prev || k == cand.size()) continue;
+      prev = k;
+      try {
+        plan_all(first(k));
+      } catch (const Error& e) {
+        if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
+        continue;
+      }
+      // Ascending k: a later count must be strictly faster; all of them
+      // (planned first) loses a tie.
+      if (ooc_.predicted_seconds < best_seconds ||
+          (best == cand.size() && ooc_.predicted_seconds == best_seconds)) {
+        best = k;
+        best_seconds = ooc_.predicted_seconds;
+      }
     }
+    paged = first(best);
     plan_all(paged);
   };
   for (int level = 0;; ++level) {
