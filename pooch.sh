@@ -233,6 +233,8 @@ case "$cmd" in
     /usr/bin/python3 bench/xmc/run.py --build "$BUILD" --debtags
     /usr/bin/python3 bench/ffi/run.py --build "$BUILD"
     "$BUILD/bench/pooch-bench-ooc"
+    "$BUILD/bench/pooch-bench-ooc" --cnn --activations --steps 3
+    /usr/bin/python3 bench/cnn/run.py --build "$BUILD"
     /usr/bin/python3 bench/lm/run.py --build "$BUILD"
     ;;
   *)
