@@ -260,8 +260,9 @@ int main(int argc, char** argv) {
       const double rate = flops / std::max(secs, 1e-9);
       const double scale = rate / kCardFlops;
       const double link = kCardLink * scale;
-      // The in-core time is the better of two runs, one before the strategies'
-      // sessions and one after them (the machine may be busier in one).
+      // Every ratio divides by this first in-core run. It is measured again
+      // after the strategies' sessions and printed beside it, so that a reader
+      // sees how far the machine moved during the table.
       double t_in = time_steps(in_core, steps);
       const size_t arena = in_core.out_of_core().in_core_arena;
       size_t persistent = 0;
