@@ -162,23 +162,35 @@ int run_plan(PlanOpts& o) {
         format_bytes(plan.value("paged_bytes", 0.0)).c_str(),
         format_bytes(plan.value("paged_copy_bytes", 0.0)).c_str());
 
-  // Decisions.
-  std::map<std::string, std::pair<int, double>> by;
-  for (const char* d : {"keep", "swap", "recompute"}) by[d] = {0, 0};
+  // Decisions: the saved activations, then the gradients that wait for their
+  // updates (with clipping), each a count and bytes per decision.
   const Json acts = plan.value("activations", Json::array());
-  for (const Json& a : acts) {
-    auto& b = by[a.value("decision", std::string("?"))];
-    ++b.first;
-    b.second += a.value("bytes", 0.0);
+  for (const bool gradients : {false, true}) {
+    std::map<std::string, std::pair<int, double>> by;
+    for (const char* d : {"keep", "swap", "recompute"}) by[d] = {0, 0};
+    size_t n = 0;
+    for (const Json& a : acts) {
+      if (a.value("gradient", false) != gradients) continue;
+      ++n;
+      auto& b = by[a.value("decision", std::string("?"))];
+      ++b.first;
+      b.second += a.value("bytes", 0.0);
+    }
+    if (!gradients)
+      std::printf("  saved activations %zu: keep %d (%s), swap %d (%s), recompute %d (%s)\n", n,
+                  by["keep"].first, format_bytes(by["keep"].second).c_str(), by["swap"].first,
+                  format_bytes(by["swap"].second).c_str(), by["recompute"].first,
+                  format_bytes(by["recompute"].second).c_str());
+    else if (n)
+      std::printf("  waiting gradients %zu: keep %d (%s), swap %d (%s)\n", n, by["keep"].first,
+                  format_bytes(by["keep"].second).c_str(), by["swap"].first,
+                  format_bytes(by["swap"].second).c_str());
   }
-  std::printf("  saved activations %zu: keep %d (%s), swap %d (%s), recompute %d (%s)\n",
-              acts.size(), by["keep"].first, format_bytes(by["keep"].second).c_str(),
-              by["swap"].first, format_bytes(by["swap"].second).c_str(), by["recompute"].first,
-              format_bytes(by["recompute"].second).c_str());
   if (!acts.empty()) {
     std::printf("\n");
-    std::vector<std::vector<std::string>> rows{
-        {"activation", "bytes", "decision", "made at", "last forward use", "first backward use"}};
+    std::vector<std::vector<std::string>> rows{{"activation or gradient", "bytes", "decision",
+                                                "made at", "last use before the gap",
+                                                "first use after"}};
     for (const Json& a : acts)
       rows.push_back({a.value("name", std::string("?")), format_bytes(a.value("bytes", 0.0)),
                       a.value("decision", std::string("?")), std::to_string(a.value("producer", 0)),

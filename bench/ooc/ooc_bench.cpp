@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
         persistent += in_core.memory_plan().bytes_by_role[static_cast<int>(r)];
       size_t saved = 0;
       for (const SavedActivation& sa : saved_activations(in_core.graph(), in_core.train_request()))
-        saved += sa.bytes;
+        if (!sa.gradient) saved += sa.bytes;
       fmt::print(
           "\n{}: in-core step {:.1f} ms, arena {:.1f} MiB (weights and optimizer state "
           "{:.1f} MiB, saved activations {:.1f} MiB); CPU {:.1f} GFLOP/s = {:.4f} x GTX 1650, "

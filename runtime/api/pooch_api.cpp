@@ -509,7 +509,8 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
                     {"producer", sa.producer},
                     {"last_forward", sa.last_forward},
                     {"first_backward", sa.first_backward},
-                    {"recomputable", sa.recomputable}});
+                    {"recomputable", sa.recomputable},
+                    {"gradient", sa.gradient}});
   }
   doc["activations"] = std::move(acts);
   json paged = json::array();

@@ -44,6 +44,9 @@ struct OpDef {
   // Inputs the op writes into (optimizer updates): these must stay live and
   // are never shared with anything else.
   std::vector<int> mutates;
+  // Scheduled as soon as its inputs are made, like the optimizer updates (the
+  // gradient norm's links, so each gradient is read while it is fresh).
+  bool early = false;
   BackwardFn backward;  // empty: not differentiable
   // A loss: its output is a scalar, it is only ever the root of the backward
   // pass, and its backward builder ignores dy (the gradient of the loss is 1).

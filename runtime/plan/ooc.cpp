@@ -385,7 +385,7 @@ struct Search {
       const auto ti = static_cast<size_t>(t);
       if (first_req[ti] < 0) {
         first_req[ti] = static_cast<int>(i);
-      } else {  // its second interval: the gap lies between the two
+      } else if (lb.gap_first[ti] < 0) {  // its second interval: the gap lies between the two
         lb.gap_first[ti] = sc.transient_requests[static_cast<size_t>(first_req[ti])].last + 1;
         lb.gap_last[ti] = r.first - 1;
       }
@@ -405,14 +405,18 @@ struct Search {
   }
 
   Candidate checkpoint_sqrt() {
+    // Chen et al. segment the activations; gradients stay on the device.
     std::vector<Residency> r = all(Residency::keep);
-    const size_t n = saved.size();
+    std::vector<const SavedActivation*> acts;
+    for (const SavedActivation& sa : saved)
+      if (!sa.gradient) acts.push_back(&sa);
+    const size_t n = acts.size();
     const auto k =
         static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(std::max<size_t>(n, 1)))));
     for (size_t i = 0; i < n; ++i)
       if (i % k != 0)
-        r[static_cast<size_t>(saved[i].tensor)] =
-            saved[i].recomputable ? Residency::recompute : Residency::swap;
+        r[static_cast<size_t>(acts[i]->tensor)] =
+            acts[i]->recomputable ? Residency::recompute : Residency::swap;
     return evaluate(r, 1, 0);
   }
 

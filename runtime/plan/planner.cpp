@@ -104,13 +104,19 @@ std::vector<int> select_nodes(const Graph& g, const std::vector<TensorId>& wante
   // them after the whole backward pass, which would keep every gradient alive
   // to the end of the step; moved up, each gradient dies at its update. The
   // values are the same: every read of a weight still comes before its update.
-  std::vector<int> rest, updates;
-  for (int n : order)
-    (op_registry().get(nodes[static_cast<size_t>(n)].op).mutates.empty() ? rest : updates)
-        .push_back(n);
-  if (updates.empty()) return order;
-  std::vector<std::vector<int>> after(rest.size() + 1);  // updates placed after rest[i-1]
-  for (int u : updates) {
+  // Ops marked `early` (the gradient norm's links) move up the same way, so
+  // that with clipping each gradient is read as it is made and then waits
+  // for its update alone.
+  std::vector<int> rest, moved;
+  for (int n : order) {
+    const OpDef& d = op_registry().get(nodes[static_cast<size_t>(n)].op);
+    (d.mutates.empty() && !d.early ? rest : moved).push_back(n);
+  }
+  if (moved.empty()) return order;
+  std::vector<std::vector<int>> after(rest.size() + 1);  // moved nodes placed after rest[i-1]
+  std::vector<size_t> anchor_of(nodes.size(), 0);
+  for (size_t k = 0; k < moved.size(); ++k) {
+    const int u = moved[k];
     const Node& un = nodes[static_cast<size_t>(u)];
     const OpDef& ud = op_registry().get(un.op);
     std::vector<TensorId> written;
@@ -125,6 +131,15 @@ std::vector<int> select_nodes(const Graph& g, const std::vector<TensorId>& wante
         depends = depends || std::find(written.begin(), written.end(), x) != written.end();
       if (depends && rest[i] < u) anchor = i + 1;
     }
+    // Not before a moved node it reads (in graph order, so it lands after it
+    // in the same list).
+    for (size_t j = 0; j < k; ++j) {
+      const Node& m = nodes[static_cast<size_t>(moved[j])];
+      for (TensorId o : m.outputs)
+        if (std::find(un.inputs.begin(), un.inputs.end(), o) != un.inputs.end())
+          anchor = std::max(anchor, anchor_of[static_cast<size_t>(moved[j])]);
+    }
+    anchor_of[static_cast<size_t>(u)] = anchor;
     after[anchor].push_back(u);
   }
   std::vector<int> out;
@@ -211,6 +226,8 @@ std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequ
   const auto& nodes = g.nodes();
   const size_t n_t = g.num_tensors();
   std::vector<int> producer(n_t, -1), last_fwd(n_t, -1), first_bwd(n_t, -1);
+  std::vector<std::vector<int>> after_split_uses(n_t);  // of gradients, in order
+  std::vector<char> mutated(n_t, 0);
   for (int p = 0; p < static_cast<int>(req.nodes.size()); ++p) {
     if (al.is_view[static_cast<size_t>(p)]) continue;
     const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
@@ -220,7 +237,13 @@ std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequ
         last_fwd[r] = std::max(last_fwd[r], p);
       else if (first_bwd[r] < 0)
         first_bwd[r] = p;
+      if (p > req.split && g.tensor(static_cast<TensorId>(r)).role == Role::gradient &&
+          (after_split_uses[r].empty() || after_split_uses[r].back() != p))
+        after_split_uses[r].push_back(p);
     }
+    for (int m : op_registry().get(nd.op).mutates)
+      mutated[static_cast<size_t>(
+          al.root[static_cast<size_t>(nd.inputs[static_cast<size_t>(m)])])] = 1;
     for (TensorId o : nd.outputs)
       if (producer[static_cast<size_t>(o)] < 0) producer[static_cast<size_t>(o)] = p;
   }
@@ -230,20 +253,41 @@ std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequ
   for (size_t t = 0; t < n_t; ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     const int p = producer[t];
-    if (d.role != Role::activation || al.root[t] != static_cast<TensorId>(t) || al.has_alias[t] ||
-        is_output[t] || p < 0 || p > req.split || first_bwd[t] < 0)
+    // Kept always: views and what they alias, outputs, what a node writes in
+    // place (a copy out after its producer would miss the write).
+    if (al.root[t] != static_cast<TensorId>(t) || al.has_alias[t] || is_output[t] || mutated[t] ||
+        p < 0)
       continue;
-    const int lf = std::max(p, last_fwd[t]);
-    if (first_bwd[t] <= lf + 1) continue;  // no gap to use
-    const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
-    const OpDef& def = op_registry().get(nd.op);
     SavedActivation sa;
     sa.tensor = static_cast<TensorId>(t);
     sa.producer = p;
-    sa.last_forward = lf;
-    sa.first_backward = first_bwd[t];
-    sa.recomputable = nd.outputs.size() == 1 && def.mutates.empty();
     sa.bytes = d.bytes();
+    if (d.role == Role::activation && p <= req.split && first_bwd[t] >= 0) {
+      sa.last_forward = std::max(p, last_fwd[t]);
+      sa.first_backward = first_bwd[t];
+      const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
+      sa.recomputable = nd.outputs.size() == 1 && op_registry().get(nd.op).mutates.empty();
+    } else if (d.role == Role::gradient && p > req.split && !after_split_uses[t].empty()) {
+      // A gradient waiting for its update (with clipping, every update waits
+      // for the norm of all of them): its gap is the longest stretch between
+      // two consecutive uses, the producer counting as the first.
+      int before = p;
+      for (int u : after_split_uses[t]) {
+        if (u - before > sa.first_backward - sa.last_forward) {
+          sa.last_forward = before;
+          sa.first_backward = u;
+        }
+        before = u;
+      }
+      // Only one that waits for its update (an op writing a weight in place).
+      const Node& after =
+          nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(sa.first_backward)])];
+      if (op_registry().get(after.op).mutates.empty()) continue;
+      sa.gradient = true;
+    } else {
+      continue;
+    }
+    if (sa.first_backward <= sa.last_forward + 1) continue;  // no gap to use
     out.push_back(sa);
   }
   return out;
@@ -324,7 +368,11 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     if (al.is_view[static_cast<size_t>(p)]) continue;
     if (p > req.split && req.split >= 0) {
       if (first_backward_slot < 0) first_backward_slot = static_cast<int>(slots.size());
-      for (TensorId x : node_at(p).inputs) bring_back(x);
+      for (TensorId x : node_at(p).inputs) {
+        // A gradient is read before its gap too (by the norm of clipping).
+        const SavedActivation* sa = saved_of[static_cast<size_t>(root(x))];
+        if (!sa || p >= sa->first_backward) bring_back(x);
+      }
     }
     slot_of_pos[static_cast<size_t>(p)] = static_cast<int>(slots.size());
     slots.push_back({p});
@@ -333,8 +381,35 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   if (first_backward_slot < 0) first_backward_slot = n_slots;
   auto paged = [&](size_t t) { return layout.paged(static_cast<TensorId>(t)); };
 
-  // Intervals: A before the gap (or the whole life of a kept tensor), B after.
-  std::vector<Interval> A(n_t), B(n_t);
+  // A paged tensor's backward uses split in two groups where they have a long
+  // gap (with clipping, between a weight's read in the backward pass and its
+  // update at the end): the later group is paged in again rather than keep
+  // the weight on the device through the gap. Long: the copy's lead and lag
+  // fit in it with two launches to spare. `late_group[t]`: the slot of the
+  // later group's first use, or -1.
+  std::vector<int> late_group(n_t, -1);
+  if (!layout.home_offset.empty()) {
+    std::vector<int> last_use(n_t, -1), gap(n_t, 0);
+    const int long_gap = std::max(0, req.prefetch_lead) + std::max(0, req.release_lag) + 2;
+    for (int sl = first_backward_slot; sl < n_slots; ++sl) {
+      const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
+      for (const auto* list : {&nd.inputs, &nd.outputs})
+        for (TensorId x : *list) {
+          const auto r = static_cast<size_t>(root(x));
+          if (!paged(r) || last_use[r] == sl) continue;
+          if (last_use[r] >= 0 && sl - last_use[r] > std::max(gap[r], long_gap)) {
+            gap[r] = sl - last_use[r];
+            late_group[r] = sl;
+          }
+          last_use[r] = sl;
+        }
+    }
+  }
+
+  // Intervals: A before the gap (or the whole life of a kept tensor), B after;
+  // a paged tensor's forward uses in A, its backward ones in B, or in B and C
+  // (the later group).
+  std::vector<Interval> A(n_t), B(n_t), C(n_t);
   std::vector<int> release(n_t, -1), prefetch(n_t, -1);  // swap: last slot of A, first of B
   std::vector<char> touched(n_t, 0);
   for (size_t t = 0; t < n_t; ++t) {
@@ -355,8 +430,12 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   // Which interval an access at `slot` uses.
   auto interval = [&](TensorId x, int slot) -> Interval& {
     const auto r = static_cast<size_t>(root(x));
-    // A paged tensor: its forward uses are one group, its backward ones another.
-    if (paged(r)) return slot >= first_backward_slot ? B[r] : A[r];
+    // A paged tensor: its forward uses are one group, its backward ones another
+    // (or two).
+    if (paged(r))
+      return slot < first_backward_slot                    ? A[r]
+             : late_group[r] >= 0 && slot >= late_group[r] ? C[r]
+                                                           : B[r];
     if (s.residency[r] != Residency::keep && slot >= B[r].first) return B[r];
     return A[r];
   };
@@ -410,7 +489,13 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     int page_in = -1, first_use = -1, last_use = -1, release_wait = -1;
     bool written = false;
   };
-  std::vector<std::array<PagedGroup, 2>> pg;
+  std::vector<std::array<PagedGroup, 3>> pg;
+  auto group_of = [&](size_t r, int slot) {
+    return slot < first_backward_slot ? 0 : late_group[r] >= 0 && slot >= late_group[r] ? 2 : 1;
+  };
+  auto group_interval = [&](size_t t, int group) -> Interval& {
+    return group == 0 ? A[t] : group == 1 ? B[t] : C[t];
+  };
   bool any_paged = false;
   for (size_t t = 0; t < n_t && !any_paged; ++t) any_paged = touched[t] && paged(t);
   if (any_paged) {
@@ -419,15 +504,15 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
       for (int m : pc.def[static_cast<size_t>(slots[static_cast<size_t>(sl)].pos)]->mutates) {
         const auto r = static_cast<size_t>(root(nd.inputs[static_cast<size_t>(m)]));
-        if (paged(r)) pg[r][sl >= first_backward_slot ? 1 : 0].written = true;
+        if (paged(r)) pg[r][static_cast<size_t>(group_of(r, sl))].written = true;
       }
     }
     const int lead = std::max(0, req.prefetch_lead), lag = std::max(0, req.release_lag);
     for (size_t t = 0; t < n_t; ++t) {
       if (!touched[t] || !paged(t)) continue;
       int floor_slot = 0;
-      for (int gi = 0; gi < 2; ++gi) {
-        Interval& iv = gi ? B[t] : A[t];
+      for (int gi = 0; gi < 3; ++gi) {
+        Interval& iv = group_interval(t, gi);
         if (iv.first < 0) continue;
         PagedGroup& G = pg[t][static_cast<size_t>(gi)];
         G.first_use = iv.first;
@@ -461,14 +546,14 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
           POOCH_ERR_INTERNAL,
           fmt::format("tensor '{}' is read by the program but nothing in it writes it", d.name));
     }
-    for (Interval* iv : {&A[t], &B[t]}) {
+    for (Interval* iv : {&A[t], &B[t], &C[t]}) {
       if (iv->first < 0) continue;
       BufferRequest r;
       r.bytes = d.bytes();
       r.role = d.role;
       if (names)
         r.name = paged(t)      ? d.name + " (paged)"
-                 : iv == &B[t] ? d.name + " (" + residency_name(s.residency[t]) + ")"
+                 : iv != &A[t] ? d.name + " (" + residency_name(s.residency[t]) + ")"
                                : d.name;
       r.first = iv->first;
       r.last = iv->last == kLiveForever ? kLiveForever : std::max(iv->first, iv->last);
@@ -573,6 +658,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       s.tensor_offset[t] = offset_of(A[r]);
     else if (B[r].request >= 0)
       s.tensor_offset[t] = offset_of(B[r]);  // a paged tensor the backward part alone uses
+    else if (C[r].request >= 0)
+      s.tensor_offset[t] = offset_of(C[r]);
   }
   auto device_offset = [&](TensorId x, int sl, bool written) {
     const auto r = static_cast<size_t>(root(x));
@@ -642,7 +729,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       at(after_slot, slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], {t, -1});
     }
     if (!pg.empty() && touched[t] && paged(t))
-      for (int gi = 0; gi < 2; ++gi) {
+      for (int gi = 0; gi < 3; ++gi) {
         const PagedGroup& G = pg[t][static_cast<size_t>(gi)];
         if (G.page_in < 0) continue;
         for (int sl : {G.release_wait, G.page_in, G.first_use}) at(before_slot, sl, {t, gi});
@@ -650,8 +737,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       }
   }
   std::vector<int> out_done(n_t, -1), in_done(n_t, -1);
-  std::vector<int> paged_out_done(pg.empty() ? 0 : 2 * n_t, -1),
-      paged_in_done(pg.empty() ? 0 : 2 * n_t, -1);
+  std::vector<int> paged_out_done(pg.empty() ? 0 : 3 * n_t, -1),
+      paged_in_done(pg.empty() ? 0 : 3 * n_t, -1);
   for (int sl = 0; sl < n_slots; ++sl) {
     const auto& before = before_slot[static_cast<size_t>(sl)];
     // Regions released before this slot are free once their copies out are
@@ -662,7 +749,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         s.steps.push_back({StepKind::wait, Stream::compute, out_done[t]});
       if (x.group >= 0 && pg[t][static_cast<size_t>(x.group)].release_wait == sl)
         s.steps.push_back({StepKind::wait, Stream::compute,
-                           paged_out_done[2 * t + static_cast<size_t>(x.group)]});
+                           paged_out_done[3 * t + static_cast<size_t>(x.group)]});
     }
     for (const Traffic& x : before) {
       const size_t t = x.t;
@@ -679,9 +766,9 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         in_done[t] = s.add_event();
         s.steps.push_back({StepKind::record, Stream::h2d, in_done[t]});
       } else {
-        const size_t k = 2 * t + static_cast<size_t>(x.group);
+        const size_t k = 3 * t + static_cast<size_t>(x.group);
         s.add_copy(StepKind::copy_in, Stream::h2d,
-                   {static_cast<TensorId>(t), offset_of(x.group ? B[t] : A[t]),
+                   {static_cast<TensorId>(t), offset_of(group_interval(t, x.group)),
                     layout.home_offset[t], bytes});
         paged_in_done[k] = s.add_event();
         s.steps.push_back({StepKind::record, Stream::h2d, paged_in_done[k]});
@@ -693,7 +780,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         s.steps.push_back({StepKind::wait, Stream::compute, in_done[t]});
       if (x.group >= 0 && pg[t][static_cast<size_t>(x.group)].first_use == sl)
         s.steps.push_back(
-            {StepKind::wait, Stream::compute, paged_in_done[2 * t + static_cast<size_t>(x.group)]});
+            {StepKind::wait, Stream::compute, paged_in_done[3 * t + static_cast<size_t>(x.group)]});
     }
     s.steps.push_back({StepKind::launch, Stream::compute, sl});
     for (const Traffic& x : after_slot[static_cast<size_t>(sl)]) {
@@ -709,9 +796,9 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         s.steps.push_back({StepKind::record, Stream::d2h, out_done[t]});
       } else {
         // The updated weight or state goes back home.
-        const size_t k = 2 * t + static_cast<size_t>(x.group);
+        const size_t k = 3 * t + static_cast<size_t>(x.group);
         s.add_copy(StepKind::copy_out, Stream::d2h,
-                   {static_cast<TensorId>(t), offset_of(x.group ? B[t] : A[t]),
+                   {static_cast<TensorId>(t), offset_of(group_interval(t, x.group)),
                     layout.home_offset[t], bytes});
         paged_out_done[k] = s.add_event();
         s.steps.push_back({StepKind::record, Stream::d2h, paged_out_done[k]});

@@ -63,13 +63,17 @@ struct ProgramRequest {
   int prefetch_lead = 1;
 };
 
-// A saved activation of a program: made at or before the split, read after it.
+// A tensor of a program that may leave the device for a gap in its uses: an
+// activation made at or before the split and read after it, or a gradient
+// that waits for its update (with gradient clipping, until every gradient's
+// norm is known). A gradient is swapped or kept, never recomputed.
 struct SavedActivation {
   TensorId tensor = kNoTensor;
   int producer = -1;      // program position of the node that makes it
-  int last_forward = -1;  // its last use at or before the split (or its producer)
-  int first_backward = -1;
+  int last_forward = -1;  // its last use before the gap (at or before the split, for an activation)
+  int first_backward = -1;    // its first use after the gap
   bool recomputable = false;  // a single-output producer that may run again
+  bool gradient = false;      // a gradient, not an activation
   size_t bytes = 0;
 };
 std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req);

@@ -211,7 +211,7 @@ P_BUDGET=$(( P_W + (P_IN - P_W) * 9 / 10 ))
 expect plan 0 "$RUN" plan --model incore.pooch --device-memory "$P_BUDGET" --svg step.svg --json "${T[@]}"
 contains plan-out-of-core plan.out '^  out of core +strategy [a-z-]+'
 contains plan-decisions plan.out 'saved activations [0-9]+: keep .*(swap [1-9]|recompute [1-9])'
-contains plan-table plan.out '^  activation +bytes +decision'
+contains plan-table plan.out '^  activation or gradient +bytes +decision'
 contains plan-table-row plan.out ' (swap|recompute) +[0-9]+ +[0-9]+ +[0-9]+$'
 contains plan-json plan.out '^\{"command":"plan".*"plan":\{.*"out_of_core":true'
 for k in strategy in_core_arena arena host_pool predicted_seconds predicted_in_core_seconds \

@@ -200,6 +200,92 @@ TEST(OutOfCore, ClippedTrainingIsBitForBitOutOfCore) {
   EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
 }
 
+// With clipping the gradients wait for their updates until every one is
+// made: each is a candidate to leave the device for that gap, and a paged
+// weight is paged in again for its update rather than kept through it. The
+// smallest budget then lies below what the gradients alone used to need
+// (all of them on the device at the end of the backward pass), and the plan
+// trains the same bits.
+TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
+  const ModelSpec spec = chain_spec(12);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  cfg.optimizer.clip_norm = 0.05;
+  Session in_core(build(spec), cfg);
+  const auto expect = train(in_core, 3);
+  size_t gradient_candidates = 0, weight_gradients = 0;
+  for (const SavedActivation& sa : saved_activations(in_core.graph(), in_core.train_request()))
+    if (sa.gradient) {
+      ++gradient_candidates;
+      EXPECT_FALSE(sa.recomputable);
+      EXPECT_EQ(in_core.graph().tensor(sa.tensor).role, Role::gradient);
+      EXPECT_GT(sa.first_backward, sa.last_forward + 1);
+    }
+  for (size_t t = 0; t < in_core.graph().num_tensors(); ++t)
+    if (in_core.graph().tensor(static_cast<TensorId>(t)).role == Role::weight)
+      weight_gradients += in_core.graph().tensor(static_cast<TensorId>(t)).bytes();
+  EXPECT_GE(gradient_candidates, 12u) << "every layer's weight gradient waits for the norm";
+
+  // Without clipping a gradient waits at most for the rest of its layer's
+  // backward ops: fewer are candidates.
+  SessionConfig unclipped = cfg;
+  unclipped.optimizer.clip_norm = 0;
+  Session plain(build(spec), unclipped);
+  size_t unclipped_candidates = 0;
+  for (const SavedActivation& sa : saved_activations(plain.graph(), plain.train_request()))
+    unclipped_candidates += sa.gradient ? 1 : 0;
+  EXPECT_LT(unclipped_candidates, gradient_candidates);
+
+  // The smallest budget a swap-all plan reaches, everything paged.
+  SessionConfig pc = cfg;
+  pc.threads = 1;
+  pc.plan_only = true;
+  pc.strategy = Strategy::swap_all;
+  size_t lo = 0, hi = in_core.out_of_core().in_core_arena;
+  while (hi - lo > 256) {
+    pc.device_memory = lo + (hi - lo) / 2;
+    try {
+      Session s(build(spec), pc);
+      hi = pc.device_memory;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET) << e.what();
+      lo = pc.device_memory;
+    }
+  }
+  std::printf("clipped chain12: smallest budget %zu; weight gradients %zu bytes in all\n", hi,
+              weight_gradients);
+  EXPECT_LT(hi, weight_gradients);
+  for (Strategy st : {Strategy::swap_all, Strategy::automatic}) {
+    SessionConfig oc = cfg;
+    oc.strategy = st;
+    oc.device_memory = hi;
+    SCOPED_TRACE(std::string(strategy_name(st)) + " budget " + std::to_string(hi));
+    Session s(build(spec), oc);
+    size_t swapped_gradients = 0;
+    const Schedule* train_step = s.schedule(ProgramKind::train_step);
+    ASSERT_NE(train_step, nullptr);
+    for (size_t t = 0; t < s.graph().num_tensors(); ++t)
+      if (s.graph().tensor(static_cast<TensorId>(t)).role == Role::gradient &&
+          train_step->residency[t] == Residency::swap)
+        ++swapped_gradients;
+    EXPECT_GT(swapped_gradients, 0u);
+    // A paged weight is copied in for its forward use, its backward reads and
+    // again for its update after the norm: three times.
+    std::vector<int> copied_in(s.graph().num_tensors(), 0);
+    int most = 0;
+    for (const ScheduleStep& st : train_step->steps)
+      if (st.kind == StepKind::copy_in) {
+        const TensorId t = train_step->copies[static_cast<size_t>(st.index)].tensor;
+        if (s.layout().paged(t) && s.graph().tensor(t).role == Role::weight)
+          most = std::max(most, ++copied_in[static_cast<size_t>(t)]);
+      }
+    EXPECT_EQ(most, 3);
+    EXPECT_LE(s.backend().memory_info().arena_bytes, hi);  // the measured high-water mark
+    EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
+  }
+}
+
 // A sparse input layer's gradient is row-sparse: its norm is not clipped,
 // it is refused, naming the weight.
 TEST(Clipping, RowSparseGradientsAreRefused) {

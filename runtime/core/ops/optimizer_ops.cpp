@@ -130,6 +130,7 @@ void register_optimizer_ops(OpRegistry& r) {
       return {OutSpec{DType::f32, Shape{1}}};
     };
     d.flops = [](InDescs in, InDescs, const Attrs&) { return 2.0 * numel(in[0]); };
+    d.early = true;
     r.add(std::move(d));
   }
   {
