@@ -161,6 +161,12 @@ int run_plan(PlanOpts& o) {
         plan.value("paged", Json::array()).size(),
         format_bytes(plan.value("paged_bytes", 0.0)).c_str(),
         format_bytes(plan.value("paged_copy_bytes", 0.0)).c_str());
+  if (plan.value("host_updates", 0) > 0)
+    std::printf(
+        "  host updates    %d optimizer updates run on the host, where their weights and state "
+        "live (a step copies %s of gradients out for them)\n",
+        plan.value("host_updates", 0),
+        format_bytes(plan.value("host_update_copy_bytes", 0.0)).c_str());
 
   // Decisions: the saved activations, then the gradients that wait for their
   // updates (with clipping), each a count and bytes per decision.

@@ -485,6 +485,8 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"recomputed_bytes", sc.recomputed_bytes},
            {"paged_bytes", sc.paged_bytes},
            {"paged_copy_bytes", sc.paged_in_bytes + sc.paged_out_bytes},
+           {"host_updates", sc.host_updates},
+           {"host_update_copy_bytes", sc.host_update_copy_bytes},
            {"plans_tried", r.plans_tried},
            {"plan_seconds", r.plan_seconds}};
   if (const pooch::Machine* m = ss.machine()) {

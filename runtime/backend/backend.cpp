@@ -1,6 +1,10 @@
 #include "backend.h"
 
+#include <fmt/format.h>
+
 #include <exception>
+
+#include "../core/error.h"
 
 namespace pooch {
 
@@ -14,6 +18,12 @@ void Backend::sync_all() {
     }
   }
   if (first) std::rethrow_exception(first);
+}
+
+void Backend::launch_host(Stream, const kern::KernelVariant& k, const kern::KernelArgs&) {
+  throw Error(POOCH_ERR_UNSUPPORTED,
+              fmt::format("the {} backend runs no kernels on the host (asked for '{}')", name(),
+                          k.op ? k.op : "?"));
 }
 
 const kern::KernelVariant* Backend::find_kernel(std::string_view op, std::string_view variant,

@@ -82,6 +82,15 @@ class Backend {
 
   // This backend's kernels, fastest first within each op.
   virtual std::span<const kern::KernelVariant> kernels() const = 0;
+  // Kernels that run on the host, on host pool memory, queued in a stream's
+  // order (an optimizer update where the optimizer state lives, as
+  // ZeRO-Offload runs it). Empty: this backend runs none.
+  virtual std::span<const kern::KernelVariant> host_kernels() const { return {}; }
+  // Queues one of host_kernels() on `s`: it runs on the host after the work
+  // queued on `s` before it, and work queued after it waits for it. Its
+  // operands point into the host pool. `args` must stay valid until the
+  // stream has run it. Throws Error(POOCH_ERR_UNSUPPORTED) where there are none.
+  virtual void launch_host(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args);
   // The first kernel for `op` (with `variant` if given; deterministic ones if
   // asked). Null when this backend has none: the caller reports "not supported".
   const kern::KernelVariant* find_kernel(std::string_view op, std::string_view variant = {},

@@ -36,10 +36,12 @@ BoundSchedule Executor::bind(const Schedule& s, const kern::KernelContext* ctx) 
   b.schedule = &s;
   std::byte* base = backend_.arena_base();
   b.args.reserve(s.launches.size());
+  std::byte* host = backend_.host_pool_base();
   for (const Launch& l : s.launches) {
     kern::KernelArgs a = l.args;
-    for (int j = 0; j < a.n_in; ++j) a.in[j].data = base + l.in_offset[j];
-    for (int j = 0; j < a.n_out; ++j) a.out[j].data = base + l.out_offset[j];
+    std::byte* at = l.on_host ? host : base;  // a host kernel's operands are in the host pool
+    for (int j = 0; j < a.n_in; ++j) a.in[j].data = at + l.in_offset[j];
+    for (int j = 0; j < a.n_out; ++j) a.out[j].data = at + l.out_offset[j];
     a.workspace = l.workspace_offset == kUnplaced ? nullptr : base + l.workspace_offset;
     a.ctx = ctx;
     b.args.push_back(a);
@@ -55,7 +57,10 @@ void Executor::step(const BoundSchedule& b, const ScheduleStep& st) {
   switch (st.kind) {
     case StepKind::launch: {
       const auto i = static_cast<size_t>(st.index);
-      backend_.launch(st.stream, *s.launches[i].kernel, b.args[i]);
+      if (s.launches[i].on_host)
+        backend_.launch_host(st.stream, *s.launches[i].kernel, b.args[i]);
+      else
+        backend_.launch(st.stream, *s.launches[i].kernel, b.args[i]);
       break;
     }
     case StepKind::copy_in: {

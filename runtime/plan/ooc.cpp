@@ -69,6 +69,8 @@ Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
     const auto n = static_cast<size_t>(s.launches[i].node);
     if (seen[n]) continue;  // a recompute launch: the first run is the measurement
     seen[n] = 1;
+    // A host update's time stands for its device time too until one is
+    // measured (on the CPU backend they are one kernel).
     p.node_seconds[n] = t.launch_seconds[i];
   }
   double bytes[2] = {0, 0}, secs[2] = {0, 0};
@@ -131,10 +133,13 @@ std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
     const ScheduleStep& st = s.steps[i];
     double& now = t[static_cast<int>(st.stream)];
     switch (st.kind) {
-      case StepKind::launch:
+      case StepKind::launch: {
+        // A launch on a copy stream is a host kernel.
+        const auto node = static_cast<size_t>(s.launch_node[static_cast<size_t>(st.index)]);
         out[i].start = now;
-        now += p.node_seconds[static_cast<size_t>(s.launch_node[static_cast<size_t>(st.index)])];
+        now += st.stream == Stream::compute ? p.node_seconds[node] : p.host_seconds(node);
         break;
+      }
       case StepKind::copy_in:
       case StepKind::copy_out: {
         const double bw =
@@ -163,7 +168,7 @@ Simulation simulate(const Schedule& s, const Profile& p) {
   Simulation sim;
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const ScheduleStep& st = s.steps[i];
-    if (st.kind == StepKind::launch)
+    if (st.kind == StepKind::launch && st.stream == Stream::compute)
       sim.compute_seconds +=
           p.node_seconds[static_cast<size_t>(s.launch_node[static_cast<size_t>(st.index)])];
     // A stream's time never goes back: the latest end is the latest stream.

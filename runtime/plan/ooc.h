@@ -32,7 +32,14 @@ struct LinkModel {
 
 struct Profile {
   std::vector<double> node_seconds;  // per graph node
+  // Per graph node, as a host kernel (an optimizer update where its state
+  // lives); empty: the same as node_seconds (the CPU backend's host kernels
+  // are its kernels).
+  std::vector<double> host_node_seconds;
   LinkModel link;
+  double host_seconds(size_t node) const {
+    return host_node_seconds.empty() ? node_seconds[node] : host_node_seconds[node];
+  }
 };
 
 // Each node's time estimated as the slower of its FLOPs at `flops_per_second`

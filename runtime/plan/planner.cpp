@@ -182,6 +182,18 @@ const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
                           node.op, b.name(), operands_str(args)));
 }
 
+const kern::KernelVariant& choose_host_kernel(const Backend& b, const Node& node,
+                                              const kern::KernelArgs& args, bool deterministic) {
+  for (const kern::KernelVariant& k : b.host_kernels()) {
+    if (node.op != k.op || (k.supports && !k.supports(args))) continue;
+    if (deterministic && !k.deterministic) continue;
+    return k;
+  }
+  throw Error(POOCH_ERR_UNSUPPORTED,
+              fmt::format("the {} backend has no host kernel for op '{}' with the operands {}",
+                          b.name(), node.op, operands_str(args)));
+}
+
 namespace {
 
 // Views share their input's buffer: every tensor maps to the root it aliases.
@@ -330,12 +342,29 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   } al{pc.root, pc.is_view};
   auto root = [&](TensorId t) { return al.root[static_cast<size_t>(t)]; };
 
+  // Optimizer updates that run on the host: their weight's update is
+  // SessionLayout::host_update's (and it and its state are paged).
+  std::vector<char> on_host(static_cast<size_t>(n_pos), 0);
+  if (!layout.host_update.empty())
+    for (int p = 0; p < n_pos; ++p) {
+      const OpDef& d = *pc.def[static_cast<size_t>(p)];
+      if (d.mutates.empty()) continue;
+      const Node& nd = node_at(p);
+      bool all_paged = nd.outputs.empty();
+      for (int m : d.mutates)
+        all_paged = all_paged && layout.paged(root(nd.inputs[static_cast<size_t>(m)]));
+      const TensorId w = root(nd.inputs[static_cast<size_t>(d.mutates[0])]);
+      on_host[static_cast<size_t>(p)] = layout.updated_on_host(w) && all_paged ? 1 : 0;
+    }
+
   // What happens to each saved activation.
   s.residency.assign(n_t, Residency::keep);
   std::vector<const SavedActivation*> saved_of(n_t, nullptr);
   const std::vector<SavedActivation>& saved = pc.saved;
   if (!req.residency.empty())
     for (const SavedActivation& sa : saved) {
+      // A gradient whose update runs on the host goes there once, not back.
+      if (sa.gradient && on_host[static_cast<size_t>(sa.first_backward)]) continue;
       const Residency r = req.residency[static_cast<size_t>(sa.tensor)];
       if (r == Residency::recompute && !sa.recomputable) continue;
       s.residency[static_cast<size_t>(sa.tensor)] = r;
@@ -369,6 +398,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     if (p > req.split && req.split >= 0) {
       if (first_backward_slot < 0) first_backward_slot = static_cast<int>(slots.size());
       for (TensorId x : node_at(p).inputs) {
+        if (on_host[static_cast<size_t>(p)]) break;  // reads its operands on the host
         // A gradient is read before its gap too (by the norm of clipping).
         const SavedActivation* sa = saved_of[static_cast<size_t>(root(x))];
         if (!sa || p >= sa->first_backward) bring_back(x);
@@ -380,6 +410,11 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   const int n_slots = static_cast<int>(slots.size());
   if (first_backward_slot < 0) first_backward_slot = n_slots;
   auto paged = [&](size_t t) { return layout.paged(static_cast<TensorId>(t)); };
+  // A slot whose launch runs on the host: it uses no device memory.
+  auto runs_on_host = [&](int sl) {
+    const Slot& x = slots[static_cast<size_t>(sl)];
+    return x.target == kNoTensor && on_host[static_cast<size_t>(x.pos)] != 0;
+  };
 
   // A paged tensor's backward uses split in two groups where they have a long
   // gap (with clipping, between a weight's read in the backward pass and its
@@ -392,6 +427,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     std::vector<int> last_use(n_t, -1), gap(n_t, 0);
     const int long_gap = std::max(0, req.prefetch_lead) + std::max(0, req.release_lag) + 2;
     for (int sl = first_backward_slot; sl < n_slots; ++sl) {
+      if (runs_on_host(sl)) continue;
       const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
       for (const auto* list : {&nd.inputs, &nd.outputs})
         for (TensorId x : *list) {
@@ -444,6 +480,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     if (iv.last != kLiveForever) iv.last = std::max(iv.last, slot);
   };
   for (int sl = 0; sl < n_slots; ++sl) {
+    if (runs_on_host(sl)) continue;
     const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
     for (TensorId x : nd.inputs) {
       touched[static_cast<size_t>(x)] = 1;
@@ -501,6 +538,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   if (any_paged) {
     pg.resize(n_t);
     for (int sl = 0; sl < n_slots; ++sl) {
+      if (runs_on_host(sl)) continue;  // writes the home itself
       const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
       for (int m : pc.def[static_cast<size_t>(slots[static_cast<size_t>(sl)].pos)]->mutates) {
         const auto r = static_cast<size_t>(root(nd.inputs[static_cast<size_t>(m)]));
@@ -526,6 +564,41 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         floor_slot = iv.last + 1;
       }
     }
+  }
+
+  // What a host update reads that lives on the device (its gradient, the
+  // clipping norm) is copied out to a host slot after its last device use;
+  // its region is held `lag` launches more for the copy, and the compute
+  // stream waits for the copy before the region's next owner.
+  const int host_lag = std::max(1, req.release_lag);
+  std::vector<int> host_copy_after(n_t, -1), host_copy_until(n_t, -1);
+  for (int sl = 0; sl < n_slots; ++sl) {
+    if (!runs_on_host(sl)) continue;
+    for (TensorId x : node_at(slots[static_cast<size_t>(sl)].pos).inputs) {
+      const auto r = static_cast<size_t>(root(x));
+      if (paged(r)) continue;
+      host_copy_until[r] = sl;
+    }
+  }
+  for (int sl = 0; sl < n_slots; ++sl) {
+    if (runs_on_host(sl)) continue;
+    const Node& nd = node_at(slots[static_cast<size_t>(sl)].pos);
+    for (const auto* list : {&nd.inputs, &nd.outputs})
+      for (TensorId x : *list) {
+        const auto r = static_cast<size_t>(root(x));
+        if (host_copy_until[r] >= 0 && sl < host_copy_until[r]) host_copy_after[r] = sl;
+      }
+  }
+  for (size_t t = 0; t < n_t; ++t) {
+    if (host_copy_until[t] < 0) continue;
+    if (host_copy_after[t] < 0)
+      throw Error(POOCH_ERR_INTERNAL,
+                  fmt::format("a host update reads '{}', which nothing before it on the device "
+                              "makes",
+                              g.tensor(static_cast<TensorId>(t)).name));
+    Interval& iv = interval(static_cast<TensorId>(t), host_copy_after[t]);
+    if (iv.last != kLiveForever)
+      iv.last = std::max(iv.last, std::min(n_slots - 1, host_copy_after[t] + host_lag));
   }
 
   // One request per interval of a non-persistent root.
@@ -564,20 +637,24 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     if (s.residency[t] == Residency::swap) s.swapped_bytes += d.bytes();
     if (s.residency[t] == Residency::recompute) s.recomputed_bytes += d.bytes();
     if (paged(t)) {
-      s.paged_bytes += d.bytes();
       for (const PagedGroup& G : pg[t]) {
         if (G.page_in >= 0) s.paged_in_bytes += d.bytes();
         if (G.page_in >= 0 && G.written) s.paged_out_bytes += d.bytes();
       }
     }
   }
+  // Every paged tensor lives at home, whether this program copies it in or
+  // not (the optimizer state of an update on the host never comes in).
+  for (size_t t = 0; t < n_t; ++t)
+    if (paged(t)) s.paged_bytes += g.tensor(static_cast<TensorId>(t)).bytes();
+
   // In place: an op allowed to overwrite an input that dies at that op (never
   // a swapped tensor's first interval, which its copy out may still read).
   for (int sl = 0; sl < n_slots; ++sl) {
     const Slot& slot = slots[static_cast<size_t>(sl)];
     const Node& nd = node_at(slot.pos);
     const OpDef& def = *pc.def[static_cast<size_t>(slot.pos)];
-    if (def.inplace_input < 0 || nd.outputs.empty()) continue;
+    if (def.inplace_input < 0 || nd.outputs.empty() || runs_on_host(sl)) continue;
     const TensorId x = root(nd.inputs[static_cast<size_t>(def.inplace_input)]);
     const Role rx = g.tensor(x).role;
     if (rx != Role::activation && rx != Role::gradient) continue;
@@ -600,7 +677,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     const int ni = req.nodes[static_cast<size_t>(slot.pos)];
     const Node& nd = nodes[static_cast<size_t>(ni)];
     s.launch_node.push_back(ni);
-    if (cache && cache->launch.size() == nodes.size() &&
+    const bool host = runs_on_host(sl);
+    if (!host && cache && cache->launch.size() == nodes.size() &&
         cache->launch[static_cast<size_t>(ni)].kernel) {
       const Launch& l = cache->launch[static_cast<size_t>(ni)];
       ws_req.push_back(static_cast<int>(reqs.size()));
@@ -628,15 +706,23 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
                     fmt::format("op '{}' (node {}): too many attributes or attribute name '{}' "
                                 "longer than 23 characters",
                                 nd.op, ni, name));
-    a.device = backend.kernel_device();
-    l.kernel = &choose_kernel(backend, nd, a, opt.deterministic);
+    a.device = host ? nullptr : backend.kernel_device();
+    l.kernel = host ? &choose_host_kernel(backend, nd, a, opt.deterministic)
+                    : &choose_kernel(backend, nd, a, opt.deterministic);
+    l.on_host = host;
     a.workspace_bytes = l.kernel->workspace ? l.kernel->workspace(a) : 0;
+    if (host && a.workspace_bytes)
+      throw Error(POOCH_ERR_UNSUPPORTED,
+                  fmt::format("the host kernel for op '{}' (node {}) needs a workspace, which "
+                              "host kernels cannot have",
+                              nd.op, ni));
     ws_req.push_back(static_cast<int>(reqs.size()));
     reqs.push_back({a.workspace_bytes, sl, sl, Role::activation, -1,
                     fmt::format("workspace of node {} ({})", ni, nd.op)});
     s.transient_tensor.push_back(kNoTensor);
     if (!candidate) s.launches.push_back(l);
-    if (cache) {
+    if (host) ++s.host_updates;
+    if (cache && !host) {
       cache->launch.resize(nodes.size());
       cache->launch[static_cast<size_t>(ni)] = l;
     }
@@ -669,6 +755,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   };
   for (int sl = 0; sl < n_slots && !candidate; ++sl) {
     Launch& l = s.launches[static_cast<size_t>(sl)];
+    if (l.on_host) continue;  // host pool offsets, below
     const Node& nd = nodes[static_cast<size_t>(l.node)];
     for (int j = 0; j < l.args.n_in; ++j)
       l.in_offset[j] = device_offset(nd.inputs[static_cast<size_t>(j)], sl, false);
@@ -690,12 +777,36 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
          names ? "swap slot of " + g.tensor(static_cast<TensorId>(t)).name : std::string()});
     host_ids.push_back(static_cast<TensorId>(t));
   }
+  // And for what host updates read from the device, from its copy out to
+  // the last host update that reads it.
+  const size_t n_swap_slots = host_reqs.size();
+  for (size_t t = 0; t < n_t; ++t) {
+    if (host_copy_until[t] < 0) continue;
+    host_reqs.push_back(
+        {g.tensor(static_cast<TensorId>(t)).bytes(), host_copy_after[t], host_copy_until[t],
+         Role::gradient, -1,
+         names ? "host copy of " + g.tensor(static_cast<TensorId>(t)).name : std::string()});
+    host_ids.push_back(static_cast<TensorId>(t));
+    s.host_update_copy_bytes += g.tensor(static_cast<TensorId>(t)).bytes();
+  }
   const ArenaPlan host_plan = plan_arena(host_reqs, align);
   const size_t host_base = align_up(layout.host.peak, align);
   s.host_bytes = host_reqs.empty() ? layout.host.peak : host_base + host_plan.peak;
-  std::vector<size_t> host_slot(n_t, kUnplaced);
+  std::vector<size_t> host_slot(n_t, kUnplaced), host_copy(n_t, kUnplaced);
   for (size_t i = 0; i < host_ids.size(); ++i)
-    host_slot[static_cast<size_t>(host_ids[i])] = host_base + host_plan.offsets[i];
+    (i < n_swap_slots ? host_slot : host_copy)[static_cast<size_t>(host_ids[i])] =
+        host_base + host_plan.offsets[i];
+  // A host launch's operands: a paged tensor at home, anything else at its
+  // host copy.
+  for (int sl = 0; sl < n_slots && !candidate; ++sl) {
+    Launch& l = s.launches[static_cast<size_t>(sl)];
+    if (!l.on_host) continue;
+    const Node& nd = nodes[static_cast<size_t>(l.node)];
+    for (int j = 0; j < l.args.n_in; ++j) {
+      const auto r = static_cast<size_t>(root(nd.inputs[static_cast<size_t>(j)]));
+      l.in_offset[j] = paged(r) ? layout.home_offset[r] : host_copy[r];
+    }
+  }
 
   // Steps: inputs in; per slot, the swap and prefetch traffic around its
   // launch; outputs back.
@@ -714,8 +825,9 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   // one per slot.
   struct Traffic {
     size_t t;
-    int group;
+    int group;  // a paged tensor's group (0, 1, 2), or one of these:
   };
+  constexpr int kSwap = -1, kHostCopy = -2;
   std::vector<std::vector<Traffic>> before_slot(static_cast<size_t>(n_slots)),
       after_slot(static_cast<size_t>(n_slots));
   auto at = [&](std::vector<std::vector<Traffic>>& v, int sl, Traffic x) {
@@ -725,8 +837,12 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   };
   for (size_t t = 0; t < n_t; ++t) {
     if (s.residency[t] == Residency::swap) {
-      for (int sl : {release[t] + 1, prefetch[t], back_at[t]}) at(before_slot, sl, {t, -1});
-      at(after_slot, slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], {t, -1});
+      for (int sl : {release[t] + 1, prefetch[t], back_at[t]}) at(before_slot, sl, {t, kSwap});
+      at(after_slot, slot_of_pos[static_cast<size_t>(saved_of[t]->producer)], {t, kSwap});
+    }
+    if (host_copy_until[t] >= 0) {
+      at(after_slot, host_copy_after[t], {t, kHostCopy});
+      at(before_slot, host_copy_after[t] + host_lag + 1, {t, kHostCopy});
     }
     if (!pg.empty() && touched[t] && paged(t))
       for (int gi = 0; gi < 3; ++gi) {
@@ -736,7 +852,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
         if (G.written) at(after_slot, G.last_use, {t, gi});
       }
   }
-  std::vector<int> out_done(n_t, -1), in_done(n_t, -1);
+  std::vector<int> out_done(n_t, -1), in_done(n_t, -1), host_copy_done(n_t, -1);
   std::vector<int> paged_out_done(pg.empty() ? 0 : 3 * n_t, -1),
       paged_in_done(pg.empty() ? 0 : 3 * n_t, -1);
   for (int sl = 0; sl < n_slots; ++sl) {
@@ -745,7 +861,9 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     // done: every such wait comes before a copy in may land there.
     for (const Traffic& x : before) {
       const size_t t = x.t;
-      if (x.group < 0 && release[t] + 1 == sl)
+      if (x.group == kHostCopy && host_copy_after[t] + host_lag + 1 == sl)
+        s.steps.push_back({StepKind::wait, Stream::compute, host_copy_done[t]});
+      if (x.group == kSwap && release[t] + 1 == sl)
         s.steps.push_back({StepKind::wait, Stream::compute, out_done[t]});
       if (x.group >= 0 && pg[t][static_cast<size_t>(x.group)].release_wait == sl)
         s.steps.push_back({StepKind::wait, Stream::compute,
@@ -753,7 +871,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     }
     for (const Traffic& x : before) {
       const size_t t = x.t;
-      const bool swap_in = x.group < 0 && prefetch[t] == sl;
+      const bool swap_in = x.group == kSwap && prefetch[t] == sl;
       const bool page_in = x.group >= 0 && pg[t][static_cast<size_t>(x.group)].page_in == sl;
       if (!swap_in && !page_in) continue;
       const int free = s.add_event();
@@ -776,20 +894,38 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     }
     for (const Traffic& x : before) {
       const size_t t = x.t;
-      if (x.group < 0 && back_at[t] == sl)
+      if (x.group == kSwap && back_at[t] == sl)
         s.steps.push_back({StepKind::wait, Stream::compute, in_done[t]});
       if (x.group >= 0 && pg[t][static_cast<size_t>(x.group)].first_use == sl)
         s.steps.push_back(
             {StepKind::wait, Stream::compute, paged_in_done[3 * t + static_cast<size_t>(x.group)]});
     }
-    s.steps.push_back({StepKind::launch, Stream::compute, sl});
+    if (runs_on_host(sl)) {
+      // On the d2h stream, after its operands' copies out (queued there
+      // before it) and once the compute stream is past every earlier launch
+      // (so every copy in from the homes it writes is done).
+      const int reached = s.add_event();
+      s.steps.push_back({StepKind::record, Stream::compute, reached});
+      s.steps.push_back({StepKind::wait, Stream::d2h, reached});
+      s.steps.push_back({StepKind::launch, Stream::d2h, sl});
+    } else {
+      s.steps.push_back({StepKind::launch, Stream::compute, sl});
+    }
     for (const Traffic& x : after_slot[static_cast<size_t>(sl)]) {
       const size_t t = x.t;
       const int made = s.add_event();
       s.steps.push_back({StepKind::record, Stream::compute, made});
       s.steps.push_back({StepKind::wait, Stream::d2h, made});
       const size_t bytes = g.tensor(static_cast<TensorId>(t)).bytes();
-      if (x.group < 0) {
+      if (x.group == kHostCopy) {
+        const TensorId tt = static_cast<TensorId>(t);
+        const size_t from = layout.device_offset[t] != kUnplaced
+                                ? layout.device_offset[t]
+                                : offset_of(interval(tt, host_copy_after[t]));
+        s.add_copy(StepKind::copy_out, Stream::d2h, {tt, from, host_copy[t], bytes});
+        host_copy_done[t] = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::d2h, host_copy_done[t]});
+      } else if (x.group == kSwap) {
         s.add_copy(StepKind::copy_out, Stream::d2h,
                    {static_cast<TensorId>(t), offset_of(A[t]), host_slot[t], bytes});
         out_done[t] = s.add_event();

@@ -26,9 +26,17 @@ struct SessionLayout {
   // optimizer state (it has no device offset: each program copies it in
   // before its uses and, when it writes it, back home after), or kUnplaced.
   std::vector<size_t> home_offset;
+  // Per tensor: a paged weight whose optimizer update runs on the host, where
+  // it and its state live (ZeRO-Offload): its gradient is copied out to the
+  // host pool, and the update runs there as a host kernel on the d2h stream.
+  // Its optimizer state never comes to the device. Empty: none.
+  std::vector<char> host_update;
   size_t alignment = 256;
   bool paged(TensorId t) const {
     return !home_offset.empty() && home_offset[static_cast<size_t>(t)] != kUnplaced;
+  }
+  bool updated_on_host(TensorId t) const {
+    return !host_update.empty() && host_update[static_cast<size_t>(t)] != 0;
   }
 };
 
@@ -113,6 +121,10 @@ struct PlanCache {
 // naming the op, the operand shapes and the backend when there is none.
 const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
                                          const kern::KernelArgs& args, bool deterministic);
+
+// The same among the backend's host kernels (an update where its state lives).
+const kern::KernelVariant& choose_host_kernel(const Backend& b, const Node& node,
+                                              const kern::KernelArgs& args, bool deterministic);
 
 // Throws Error(POOCH_ERR_INVALID_ARG) when an output is not produced by the
 // program or staged, and the errors of choose_kernel.

@@ -56,6 +56,9 @@ struct Launch {
   size_t in_offset[kern::kMaxOperands] = {};  // arena offsets of the operands
   size_t out_offset[kern::kMaxOperands] = {};
   size_t workspace_offset = kUnplaced;  // kUnplaced: no workspace
+  // A host kernel (Backend::host_kernels), queued on the d2h stream: the
+  // offsets above are host pool offsets, and it has no workspace.
+  bool on_host = false;
 };
 
 struct Schedule {
@@ -84,9 +87,13 @@ struct Schedule {
   // activations it swapped or recomputed), and the bytes of each kind.
   std::vector<Residency> residency;
   size_t swapped_bytes = 0, recomputed_bytes = 0;
-  // Paged weights and optimizer state the program copies in from their host
-  // home (SessionLayout::home_offset), and the bytes it copies each way.
+  // Paged weights and optimizer state, whose home is the host pool
+  // (SessionLayout::home_offset), and the bytes the program copies each way.
   size_t paged_bytes = 0, paged_in_bytes = 0, paged_out_bytes = 0;
+  // Optimizer updates run on the host (SessionLayout::host_update), and the
+  // bytes copied out for them (gradients, the clipping norm).
+  int host_updates = 0;
+  size_t host_update_copy_bytes = 0;
 
   int add_event() { return events++; }
   int add_launch(Launch l) {

@@ -136,9 +136,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   };
   const bool trains = cfg.train && !losses.empty();
   // Every program over one layout of the persistent tensors; `paged`: the
-  // weights and optimizer states whose home is the host pool.
-  auto plan_all = [&](const std::vector<char>& paged) {
+  // weights and optimizer states whose home is the host pool; `host_update`:
+  // the paged weights whose updates run there.
+  auto plan_all = [&](const std::vector<char>& paged, const std::vector<char>& host_update) {
     layout_ = plan_session_layout(graph_, staged, align, paged);
+    layout_.host_update = host_update;
     ooc_ = OutOfCoreReport{};
     for (auto& p : programs_) p.reset();
     if (trains) plan(ProgramKind::train_step, losses, true);
@@ -164,9 +166,13 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // Weights and optimizer state stay on the device unless the step fits no
   // other way. Then the optimizer state is paged (each is used once a step,
   // by its update: one copy in and one out, as ZeRO-Offload keeps it on the
-  // host), and if that is not enough, the weights too. The error of the last
-  // level names the smallest budget any plan reached.
-  std::vector<char> paged;
+  // host), and if that is not enough, the weights too; last (on a backend
+  // with host kernels), the updates run on the host where the weights and
+  // state live, so an update no longer needs its weight, gradient and state
+  // on the device at once. The error of the last level names the smallest
+  // budget any plan reached.
+  std::vector<char> paged, host_update;
+  const int top_level = backend_->host_kernels().empty() ? 2 : 3;
   size_t in_core_arena = 0;  // level 0's: the step with everything on the device
   double in_core_seconds = 0;
   // Once a level fits with all its tensors paged: the fewest of them, largest
@@ -178,18 +184,25 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // coarse once gradients could be swapped: GPT-2 774M on an 8 GB card
   // predicted 1.59x with three, 1.38x with seven.) The plan kept is planned
   // last.
+  // At level 3 the same search runs over which weights' updates go to the
+  // host (largest first), everything else staying paged.
   auto page_fewer = [&](int level) {
     const Role role = level == 1 ? Role::optimizer_state : Role::weight;
+    std::vector<char>& mask = level == 3 ? host_update : paged;
     std::vector<TensorId> cand;
-    for (size_t t = 0; t < paged.size(); ++t)
-      if (paged[t] && graph_.tensor(static_cast<TensorId>(t)).role == role)
+    for (size_t t = 0; t < mask.size(); ++t)
+      if (mask[t] && graph_.tensor(static_cast<TensorId>(t)).role == role)
         cand.push_back(static_cast<TensorId>(t));
     std::stable_sort(cand.begin(), cand.end(), [&](TensorId a, TensorId b) {
       return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
     });
-    auto first = [&](size_t k) {
-      std::vector<char> m = paged;
+    auto plan_first = [&](size_t k) {
+      std::vector<char> m = mask;
       for (size_t i = k; i < cand.size(); ++i) m[static_cast<size_t>(cand[i])] = 0;
+      if (level == 3)
+        plan_all(paged, m);
+      else
+        plan_all(m, host_update);
       return m;
     };
     const double all_seconds = ooc_.predicted_seconds;
@@ -197,7 +210,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     while (hi - lo > 1) {
       const size_t mid = lo + (hi - lo) / 2;
       try {
-        plan_all(first(mid));
+        plan_first(mid);
         hi = mid;
       } catch (const Error& e) {
         if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
@@ -212,7 +225,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       if (k == prev || k == cand.size()) continue;
       prev = k;
       try {
-        plan_all(first(k));
+        plan_first(k);
       } catch (const Error& e) {
         if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
         continue;
@@ -225,12 +238,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         best_seconds = ooc_.predicted_seconds;
       }
     }
-    paged = first(best);
-    plan_all(paged);
+    mask = plan_first(best);
   };
   for (int level = 0;; ++level) {
     try {
-      plan_all(paged);
+      plan_all(paged, host_update);
       if (level > 0) page_fewer(level);
       if (level > 0) {
         ooc_.in_core_arena = in_core_arena;
@@ -242,17 +254,19 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       // device but not the host cap stops here, with what it needs.
       const bool host_only =
           std::string_view(e.what()).find("host memory cap") != std::string_view::npos;
-      if (e.code() != POOCH_ERR_OUT_OF_BUDGET || level >= std::min(2, cfg.max_paging) || !budget_ ||
-          !trains || cfg.strategy == Strategy::keep || host_only)
+      if (e.code() != POOCH_ERR_OUT_OF_BUDGET || level >= std::min(top_level, cfg.max_paging) ||
+          !budget_ || !trains || cfg.strategy == Strategy::keep || host_only)
         throw;
       if (level == 0) {
         in_core_arena = ooc_.in_core_arena;
         in_core_seconds = ooc_.predicted_in_core;
       }
       paged.assign(graph_.num_tensors(), 0);
+      host_update.assign(graph_.num_tensors(), 0);
       for (size_t t = 0; t < paged.size(); ++t) {
         const Role r = graph_.tensor(static_cast<TensorId>(t)).role;
-        paged[t] = r == Role::optimizer_state || (level + 1 == 2 && r == Role::weight);
+        paged[t] = r == Role::optimizer_state || (level + 1 >= 2 && r == Role::weight);
+        host_update[t] = level + 1 == 3 && r == Role::weight;
       }
     }
   }
@@ -260,6 +274,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     ooc_.active = true;
     ooc_.paged_bytes = ts->paged_bytes;
     ooc_.paged_copy_bytes = ts->paged_in_bytes + ts->paged_out_bytes;
+    ooc_.host_updates = ts->host_updates;
+    ooc_.host_update_copy_bytes = ts->host_update_copy_bytes;
   }
   size_t host_bytes = layout_.host.peak;
   for (const auto& p : programs_)
@@ -273,6 +289,9 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     size_t saved = 0;
     for (const SavedActivation& sa : saved_activations(graph_, train_request_))
       saved += align_up(sa.bytes, align);
+    // And every host update's copies (the same set whatever the timing).
+    if (const Schedule* ts = schedule(ProgramKind::train_step))
+      saved += ts->host_update_copy_bytes + ts->host_updates * align;
     // Under a host cap, no more than the cap (a plan made again must then
     // fit what was taken, which it is planned to).
     size_t all_saved = align_up(layout_.host.peak, align) + saved;

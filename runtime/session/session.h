@@ -51,8 +51,9 @@ struct SessionConfig {
   bool plan_only = false;
   // How far the session may page persistent tensors to the host pool when
   // no plan of the activations fits: 0 never, 1 the optimizer state, 2 the
-  // weights too.
-  int max_paging = 2;
+  // weights too, 3 and their updates run on the host (on a backend with
+  // host kernels).
+  int max_paging = 3;
 };
 
 // What the planner decided for the train step.
@@ -65,6 +66,10 @@ struct OutOfCoreReport {
   // Weights and optimizer state whose home is the host pool, and the bytes a
   // train step copies for them (in before their uses, updated ones back).
   size_t paged_bytes = 0, paged_copy_bytes = 0;
+  // Optimizer updates that run on the host, where their weight and state
+  // live, and the bytes a step copies out for them (gradients, the norm).
+  int host_updates = 0;
+  size_t host_update_copy_bytes = 0;
   double predicted_seconds = 0;  // the simulator's step time
   double predicted_in_core = 0;  // the same for the in-core step
   int plans_tried = 0;

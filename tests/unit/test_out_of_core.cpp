@@ -346,14 +346,18 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
   const size_t b0 = smallest_budget(c.spec, 0, in_core_train);
   const size_t b1 = smallest_budget(c.spec, 1, in_core_train);
   const size_t b2 = smallest_budget(c.spec, 2, in_core_train);
+  const size_t b3 = smallest_budget(c.spec, 3, in_core_train);
   std::printf(
       "%-8s smallest budget: %zu without paging, %zu paging optimizer state, %zu paging "
-      "weights too (in-core step %zu)\n",
-      c.name, b0, b1, b2, in_core_train);
+      "weights too, %zu updating on the host (in-core step %zu)\n",
+      c.name, b0, b1, b2, b3, in_core_train);
   EXPECT_LT(b1, b0);
   EXPECT_LT(b2, b1);
-  for (size_t level = 1; level <= 2; ++level) {
-    const size_t budget = level == 1 ? b1 : b2;
+  // An update on the host needs no weight, gradient and state on the device
+  // at once: the largest layer's update no longer sets the floor.
+  EXPECT_LT(b3, b2);
+  for (size_t level = 1; level <= 3; ++level) {
+    const size_t budget = level == 1 ? b1 : level == 2 ? b2 : b3;
     for (Strategy st : {Strategy::swap_all, Strategy::automatic}) {
       SessionConfig oc = cfg;
       oc.strategy = st;
@@ -365,7 +369,11 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
       const OutOfCoreReport& r = s.out_of_core();
       EXPECT_TRUE(r.active);
       EXPECT_GT(r.paged_bytes, 0u);
-      EXPECT_GT(r.paged_copy_bytes, r.paged_bytes);  // in before use, updated ones back
+      // In before use, updated ones back (an update on the host copies its
+      // weight in for its uses only, and its state never).
+      if (level < 3) {
+        EXPECT_GT(r.paged_copy_bytes, r.paged_bytes);
+      }
       EXPECT_LE(s.memory_plan().peak, budget);
       EXPECT_LE(s.backend().memory_info().arena_bytes, budget);  // the measured high-water mark
       EXPECT_GE(r.predicted_seconds, r.predicted_in_core);
@@ -375,8 +383,14 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
         if (s.layout().paged(static_cast<TensorId>(t)) &&
             s.graph().tensor(static_cast<TensorId>(t)).role == Role::weight)
           paged_weights += s.graph().tensor(static_cast<TensorId>(t)).bytes();
-      if (level == 2) {
+      if (level >= 2) {
         EXPECT_GT(paged_weights, 0u);  // below b1 only paged weights fit
+      }
+      if (level == 3) {
+        EXPECT_GT(r.host_updates, 0);  // below b2 only updates on the host fit
+        EXPECT_GT(r.host_update_copy_bytes, 0u);
+      } else {
+        EXPECT_EQ(r.host_updates, 0);
       }
       EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
       std::printf(

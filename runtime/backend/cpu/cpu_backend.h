@@ -46,6 +46,12 @@ class CpuBackend final : public Backend {
   void stream_sync(Stream s) override;
 
   std::span<const kern::KernelVariant> kernels() const override;
+  // The "device" is the host: host kernels are the same kernels, queued on
+  // the stream's worker like any launch.
+  std::span<const kern::KernelVariant> host_kernels() const override { return kernels(); }
+  void launch_host(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args) override {
+    launch(s, k, args);
+  }
 
   // Threads a kernel may use (what the executor puts in KernelContext).
   int threads() const { return threads_; }

@@ -7,11 +7,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <exception>
+#include <memory>
 #include <new>
 #include <vector>
 
 #include "../../../kernels/common/util.h"
+#include "../../../kernels/cpu/cpu_kernels.h"
 #include "../../../kernels/cuda/cuda_kernels.h"
 #include "../../../kernels/cuda/cuda_libs.h"
 #include "../../core/error.h"
@@ -81,6 +84,25 @@ struct Pending {
   std::string message;
 };
 
+// A host kernel queued with cudaLaunchHostFunc: what it runs, and what it
+// raised (read after the stream is synchronised, never while it may run).
+struct HostCall {
+  const kern::KernelVariant* kernel = nullptr;
+  kern::KernelArgs args;
+  std::string error;  // empty: it ran, or has not yet
+};
+
+void CUDART_CB run_host_call(void* p) {
+  auto* c = static_cast<HostCall*>(p);
+  try {
+    c->kernel->fn(c->args);
+  } catch (const std::exception& e) {
+    c->error = e.what();
+  } catch (...) {
+    c->error = "an exception that is not a std::exception";
+  }
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendParams& p);
@@ -109,6 +131,9 @@ class CudaBackend final : public Backend {
   void stream_sync(Stream s) override;
 
   std::span<const kern::KernelVariant> kernels() const override;
+  // The CPU kernels, on pinned (or pageable) host pool memory.
+  std::span<const kern::KernelVariant> host_kernels() const override { return kern::cpu_kernels(); }
+  void launch_host(Stream s, const kern::KernelVariant& k, const kern::KernelArgs& args) override;
   // The launch environment: its device and library handles, for the
   // kernels' workspace and supports queries while planning.
   const void* kernel_device() const override { return &env_; }
@@ -151,6 +176,8 @@ class CudaBackend final : public Backend {
   // launch): cuBLAS's one workspace is then never in use on two streams.
   cudaEvent_t rebind_ = nullptr;
   kern::cuda::LaunchEnv env_;
+  // Host kernels queued per stream since its last synchronisation.
+  std::deque<std::unique_ptr<HostCall>> host_calls_[kNumStreams];
 };
 
 CudaBackend::CudaBackend(const CudaBackendParams& p)
@@ -548,11 +575,40 @@ void CudaBackend::launch(Stream s, const kern::KernelVariant& k, const kern::Ker
   if (err != cudaSuccess) fail(i, POOCH_ERR_INTERNAL, where() + cuda_error(err));
 }
 
+void CudaBackend::launch_host(Stream s, const kern::KernelVariant& k,
+                              const kern::KernelArgs& args) {
+  const int i = index(s, "launch_host");
+  if (k.fn == nullptr)
+    throw Error(
+        POOCH_ERR_INVALID_ARG,
+        fmt::format("cuda backend launch_host: kernel '{}' has no function", k.op ? k.op : "?"));
+  if (pending_[i].failed) return;
+  bind();
+  auto call = std::make_unique<HostCall>();
+  call->kernel = &k;
+  call->args = args;
+  const cudaError_t err = cudaLaunchHostFunc(streams_[i], run_host_call, call.get());
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(i, POOCH_ERR_INTERNAL,
+         fmt::format("host kernel '{}' on the {} stream: cudaLaunchHostFunc failed: {}",
+                     k.op ? k.op : "?", stream_name(i), cuda_error(err)));
+    return;
+  }
+  host_calls_[i].push_back(std::move(call));
+}
+
 void CudaBackend::stream_sync(Stream s) {
   const int i = index(s, "stream_sync");
   bind();
   const cudaError_t err = cudaStreamSynchronize(streams_[i]);
   if (err != cudaSuccess) (void)cudaGetLastError();
+  for (const auto& c : host_calls_[i])
+    if (!c->error.empty() && !pending_[i].failed)
+      fail(i, POOCH_ERR_INTERNAL,
+           fmt::format("host kernel '{}' on the {} stream failed: {}",
+                       c->kernel->op ? c->kernel->op : "?", stream_name(i), c->error));
+  if (err == cudaSuccess) host_calls_[i].clear();
   Pending& p = pending_[i];
   if (p.failed) {
     p.failed = false;
