@@ -175,7 +175,9 @@ void planning_table(int threads) {
     size_t persistent = 0;
     for (Role r : {Role::weight, Role::optimizer_state})
       persistent += in_core.memory_plan().bytes_by_role[static_cast<int>(r)];
-    const size_t saved = saved_activations(in_core.graph(), in_core.train_request()).size();
+    size_t saved = 0;  // activations (gradients that wait are candidates too, not counted here)
+    for (const SavedActivation& sa : saved_activations(in_core.graph(), in_core.train_request()))
+      saved += sa.gradient ? 0 : 1;
     std::string row =
         fmt::format("{:<14} {:>6} {:>6}", fmt::format("mlp-chain{}", layers),
                     in_core.schedule(ProgramKind::train_step)->launches.size(), saved);
