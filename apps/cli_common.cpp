@@ -450,17 +450,37 @@ void print_memory(const pooch_session* s, Output& out) {
     static const char* const names[] = {
         "keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy", "auto"};
     const char* strategy = m.strategy >= 0 && m.strategy <= 5 ? names[m.strategy] : "?";
+    // Paging and host updates are in the plan's JSON, not in the report.
+    double paged = 0;
+    int host_updates = 0;
+    char* text = nullptr;
+    if (pooch_session_plan_json(s, &text) == POOCH_OK && text) {
+      const Json plan = Json::parse(text, nullptr, false);
+      if (plan.is_object()) {
+        paged = plan.value("paged_bytes", 0.0);
+        host_updates = plan.value("host_updates", 0);
+      }
+    }
+    pooch_string_free(&text);
     std::printf(
-        "out of core: the step needs %s in core; %s swapped to host memory, %s recomputed "
-        "(plan from %s); predicted step %.3g ms (%.3g ms in core)\n",
+        "out of core: the step needs %s in core; %s swapped to host memory, %s recomputed, "
+        "%s of weights and optimizer state paged (plan from %s); predicted step %.3g ms (%.3g "
+        "ms in core)\n",
         format_bytes(static_cast<double>(m.in_core_bytes)).c_str(),
         format_bytes(static_cast<double>(m.swapped_bytes)).c_str(),
-        format_bytes(static_cast<double>(m.recomputed_bytes)).c_str(), strategy,
-        m.predicted_step_seconds * 1e3, m.predicted_in_core_seconds * 1e3);
+        format_bytes(static_cast<double>(m.recomputed_bytes)).c_str(), format_bytes(paged).c_str(),
+        strategy, m.predicted_step_seconds * 1e3, m.predicted_in_core_seconds * 1e3);
     j["strategy"] = strategy;
     j["in_core_bytes"] = m.in_core_bytes;
     j["swapped_bytes"] = m.swapped_bytes;
     j["recomputed_bytes"] = m.recomputed_bytes;
+    j["paged_bytes"] = paged;
+    j["host_updates"] = host_updates;
+    if (host_updates)
+      std::printf(
+          "out of core: %d optimizer updates run on the host, where their weights and "
+          "state live\n",
+          host_updates);
     j["predicted_step_seconds"] = m.predicted_step_seconds;
     j["predicted_in_core_seconds"] = m.predicted_in_core_seconds;
   }

@@ -196,6 +196,14 @@ expect ooc-train 0 "$RUN" train --data data --epochs 2 --out ooc.pooch --device-
   --strategy auto --link-bandwidth 1G --json --spec ooc-spec.json "${T[@]}"
 contains ooc-active ooc-train.out '"out_of_core":true'
 cmp -s incore.pooch ooc.pooch && pass ooc-bit-identical || fail ooc-bit-identical
+# Two thirds of the weights and optimizer state: no update fits on the device
+# with its weight, gradient and Adam moments, so the updates run on the host.
+HOST_BUDGET=$(( WEIGHTS * 2 / 3 ))
+expect ooc-host-updates 0 "$RUN" train --data data --epochs 2 --out host.pooch \
+  --device-memory "$HOST_BUDGET" --json --spec ooc-spec.json "${T[@]}"
+contains ooc-host-updates-line ooc-host-updates.out '^out of core: [0-9]+ optimizer updates run on the host'
+contains ooc-host-updates-json ooc-host-updates.out '"host_updates":[1-9]'
+cmp -s incore.pooch host.pooch && pass ooc-host-bit-identical || fail ooc-host-bit-identical
 expect ooc-bad-strategy 1 "$RUN" train --data data --strategy sometimes --out x.pooch "${T[@]}"
 
 # --- plan and profile ------------------------------------------------------------
