@@ -293,6 +293,43 @@ TEST(CudaBackend, KernelOutputIsOrderedBeforeACopyByAnEvent) {
   b->sync_all();
 }
 
+// A host kernel queued on the d2h stream runs after the copy queued before
+// it (it reads what the copy wrote into the host pool), on host memory.
+TEST(CudaBackend, HostKernelRunsInItsStreamsOrderOnTheHostPool) {
+  SKIP_WITHOUT_DEVICE();
+  constexpr int64_t n = 1 << 20;
+  const size_t bytes = n * sizeof(float);
+  auto b = backend_with(bytes, 3 * bytes);
+  ASSERT_FALSE(b->host_kernels().empty());
+  auto* hx = reinterpret_cast<float*>(b->host_pool_base());
+  auto* hmid = hx + n;
+  auto* hy = hmid + n;
+  for (int64_t i = 0; i < n; ++i) hx[i] = static_cast<float>(i % 7) - 3.0f;
+  const kern::KernelVariant* relu = nullptr;
+  for (const kern::KernelVariant& k : b->host_kernels())
+    if (std::string(k.op) == "relu") relu = &k;
+  ASSERT_NE(relu, nullptr);
+  kern::KernelArgs a;
+  a.n_in = a.n_out = 1;
+  a.in[0].data = hmid;
+  a.in[0].ndim = 1;
+  a.in[0].shape[0] = n;
+  a.out[0] = a.in[0];
+  a.out[0].data = hy;
+  kern::KernelContext ctx;
+  a.ctx = &ctx;
+  const EventId up = b->event_create();
+  b->copy_async(Stream::h2d, b->arena_base(), hx, bytes);
+  b->event_record(Stream::h2d, up);
+  b->stream_wait(Stream::d2h, up);
+  b->copy_async(Stream::d2h, hmid, b->arena_base(), bytes);
+  b->launch_host(Stream::d2h, *relu, a);
+  b->stream_sync(Stream::d2h);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(hy[i], hx[i] < 0 ? 0.0f : hx[i]) << "element " << i;
+  b->sync_all();
+}
+
 TEST(CudaBackend, WaitingOnAnUnrecordedEventDoesNotBlock) {
   SKIP_WITHOUT_DEVICE();
   auto b = backend_with(kMiB, kMiB);
