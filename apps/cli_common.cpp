@@ -452,13 +452,14 @@ void print_memory(const pooch_session* s, Output& out) {
     const char* strategy = m.strategy >= 0 && m.strategy <= 5 ? names[m.strategy] : "?";
     // Paging and host updates are in the plan's JSON, not in the report.
     double paged = 0;
-    int host_updates = 0;
+    int host_updates = 0, host_launches = 0;
     char* text = nullptr;
     if (pooch_session_plan_json(s, &text) == POOCH_OK && text) {
       const Json plan = Json::parse(text, nullptr, false);
       if (plan.is_object()) {
         paged = plan.value("paged_bytes", 0.0);
         host_updates = plan.value("host_updates", 0);
+        host_launches = plan.value("host_launches", 0);
       }
     }
     pooch_string_free(&text);
@@ -476,11 +477,13 @@ void print_memory(const pooch_session* s, Output& out) {
     j["recomputed_bytes"] = m.recomputed_bytes;
     j["paged_bytes"] = paged;
     j["host_updates"] = host_updates;
+    j["host_launches"] = host_launches;
     if (host_updates)
       std::printf(
           "out of core: %d optimizer updates run on the host, where their weights and "
-          "state live\n",
-          host_updates);
+          "state live, and %d other ops that read those weights' rows or make their "
+          "gradients\n",
+          host_updates, host_launches - host_updates);
     j["predicted_step_seconds"] = m.predicted_step_seconds;
     j["predicted_in_core_seconds"] = m.predicted_in_core_seconds;
   }

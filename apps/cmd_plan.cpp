@@ -164,8 +164,10 @@ int run_plan(PlanOpts& o) {
   if (plan.value("host_updates", 0) > 0)
     std::printf(
         "  host updates    %d optimizer updates run on the host, where their weights and state "
-        "live (a step copies %s of gradients out for them)\n",
+        "live, and %d other ops (a sparse input layer's forward and row gradient); a step "
+        "copies %s out for them\n",
         plan.value("host_updates", 0),
+        plan.value("host_launches", 0) - plan.value("host_updates", 0),
         format_bytes(plan.value("host_update_copy_bytes", 0.0)).c_str());
 
   // Decisions: the saved activations, then the gradients that wait for their

@@ -486,6 +486,7 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"paged_bytes", sc.paged_bytes},
            {"paged_copy_bytes", sc.paged_in_bytes + sc.paged_out_bytes},
            {"host_updates", sc.host_updates},
+           {"host_launches", sc.host_launches},
            {"host_update_copy_bytes", sc.host_update_copy_bytes},
            {"plans_tried", r.plans_tried},
            {"plan_seconds", r.plan_seconds}};

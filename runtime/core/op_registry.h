@@ -47,6 +47,15 @@ struct OpDef {
   // Scheduled as soon as its inputs are made, like the optimizer updates (the
   // gradient norm's links, so each gradient is read while it is fresh).
   bool early = false;
+  // Reads only the rows of its weight (input `row_weight`) that its other
+  // inputs name: where that weight's update runs on the host, so does this
+  // op (bringing a batch's rows to the device would cost more than its
+  // output). -1: not such an op.
+  int row_weight = -1;
+  // Runs on the host when its output 0 is read only there (a sparse input
+  // layer's row gradient, when the weight's update runs on the host): the
+  // gradient is made where it is used instead of copied out.
+  bool host_for_host_readers = false;
   BackwardFn backward;  // empty: not differentiable
   // A loss: its output is a scalar, it is only ever the root of the backward
   // pass, and its backward builder ignores dy (the gradient of the loss is 1).

@@ -42,7 +42,7 @@ BoundSchedule Executor::bind(const Schedule& s, const kern::KernelContext* ctx) 
     std::byte* at = l.on_host ? host : base;  // a host kernel's operands are in the host pool
     for (int j = 0; j < a.n_in; ++j) a.in[j].data = at + l.in_offset[j];
     for (int j = 0; j < a.n_out; ++j) a.out[j].data = at + l.out_offset[j];
-    a.workspace = l.workspace_offset == kUnplaced ? nullptr : base + l.workspace_offset;
+    a.workspace = l.workspace_offset == kUnplaced ? nullptr : at + l.workspace_offset;
     a.ctx = ctx;
     b.args.push_back(a);
   }

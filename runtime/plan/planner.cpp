@@ -342,12 +342,26 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   } al{pc.root, pc.is_view};
   auto root = [&](TensorId t) { return al.root[static_cast<size_t>(t)]; };
 
-  // Optimizer updates that run on the host: their weight's update is
-  // SessionLayout::host_update's (and it and its state are paged).
+  // Nodes that run on the host: optimizer updates whose weight's update is
+  // SessionLayout::host_update's (it and its state paged), and ops that read
+  // rows of such a weight (a sparse input layer), whose other persistent
+  // inputs are paged too. Their operands are at home, in a staging slot or
+  // copied out; a row reader's output is copied in.
   std::vector<char> on_host(static_cast<size_t>(n_pos), 0);
   if (!layout.host_update.empty())
     for (int p = 0; p < n_pos; ++p) {
       const OpDef& d = *pc.def[static_cast<size_t>(p)];
+      if (d.row_weight >= 0 && !al.is_view[static_cast<size_t>(p)]) {
+        const Node& nd = node_at(p);
+        const TensorId w = root(nd.inputs[static_cast<size_t>(d.row_weight)]);
+        bool ok = layout.updated_on_host(w) && layout.paged(w);
+        for (TensorId x : nd.inputs) {
+          const TensorDesc& xd = g.tensor(root(x));
+          ok = ok && (!persistent(xd) || layout.paged(root(x)));
+        }
+        on_host[static_cast<size_t>(p)] = ok ? 1 : 0;
+        continue;
+      }
       if (d.mutates.empty()) continue;
       const Node& nd = node_at(p);
       bool all_paged = nd.outputs.empty();
@@ -356,6 +370,32 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       const TensorId w = root(nd.inputs[static_cast<size_t>(d.mutates[0])]);
       on_host[static_cast<size_t>(p)] = layout.updated_on_host(w) && all_paged ? 1 : 0;
     }
+  // And an op marked host_for_host_readers whose largest output only host
+  // nodes read (a sparse input layer's row gradient, for its host update).
+  if (!layout.host_update.empty()) {
+    std::vector<int> device_readers(n_t, 0), host_readers(n_t, 0);
+    for (int p = 0; p < n_pos; ++p) {
+      if (al.is_view[static_cast<size_t>(p)]) continue;
+      for (TensorId x : node_at(p).inputs)
+        ++(on_host[static_cast<size_t>(p)] ? host_readers
+                                           : device_readers)[static_cast<size_t>(root(x))];
+    }
+    for (int p = 0; p < n_pos; ++p) {
+      const Node& nd = node_at(p);
+      if (!pc.def[static_cast<size_t>(p)]->host_for_host_readers ||
+          on_host[static_cast<size_t>(p)] || nd.outputs.empty() ||
+          al.is_view[static_cast<size_t>(p)])
+        continue;
+      TensorId big = nd.outputs[0];
+      for (TensorId o : nd.outputs)
+        if (g.tensor(o).bytes() > g.tensor(big).bytes()) big = o;
+      const auto r = static_cast<size_t>(root(big));
+      bool ok = host_readers[r] > 0 && device_readers[r] == 0;
+      for (TensorId x : nd.inputs)
+        ok = ok && (!persistent(g.tensor(root(x))) || layout.paged(root(x)));
+      on_host[static_cast<size_t>(p)] = ok ? 1 : 0;
+    }
+  }
 
   // What happens to each saved activation.
   s.residency.assign(n_t, Residency::keep);
@@ -363,8 +403,10 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   const std::vector<SavedActivation>& saved = pc.saved;
   if (!req.residency.empty())
     for (const SavedActivation& sa : saved) {
-      // A gradient whose update runs on the host goes there once, not back.
+      // A gradient whose update runs on the host goes there once, not back;
+      // what a host node makes is copied in once and kept.
       if (sa.gradient && on_host[static_cast<size_t>(sa.first_backward)]) continue;
+      if (on_host[static_cast<size_t>(sa.producer)]) continue;
       const Residency r = req.residency[static_cast<size_t>(sa.tensor)];
       if (r == Residency::recompute && !sa.recomputable) continue;
       s.residency[static_cast<size_t>(sa.tensor)] = r;
@@ -494,6 +536,20 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       note(iv, sl);
     }
   }
+  // What a host node makes lands in the arena from the slot after it (its
+  // copy in starts there, once the host kernel is done), and is read on the
+  // device from its first device use on.
+  std::vector<int> host_out_at(n_t, -1), host_out_use(n_t, -1);
+  for (int sl = 0; sl < n_slots; ++sl) {
+    if (!runs_on_host(sl)) continue;
+    for (TensorId o : node_at(slots[static_cast<size_t>(sl)].pos).outputs) {
+      const auto r = static_cast<size_t>(root(o));
+      host_out_at[r] = sl;
+      if (A[r].first < 0) continue;  // read on the host alone: never copied in
+      host_out_use[r] = A[r].first;
+      A[r].first = std::min(A[r].first, sl + 1);
+    }
+  }
   // A tensor read only through views is still the program's (a paged
   // weight a view reads must be copied in).
   for (size_t t = 0; t < n_t; ++t)
@@ -571,12 +627,18 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   // its region is held `lag` launches more for the copy, and the compute
   // stream waits for the copy before the region's next owner.
   const int host_lag = std::max(1, req.release_lag);
-  std::vector<int> host_copy_after(n_t, -1), host_copy_until(n_t, -1);
+  // A program input a host node reads where it is staged.
+  auto staged_input = [&](size_t t) {
+    return g.tensor(static_cast<TensorId>(t)).role == Role::input &&
+           layout.host_offset[t] != kUnplaced;
+  };
+  std::vector<int> host_copy_after(n_t, -1), host_copy_until(n_t, -1), host_read_until(n_t, -1);
   for (int sl = 0; sl < n_slots; ++sl) {
     if (!runs_on_host(sl)) continue;
     for (TensorId x : node_at(slots[static_cast<size_t>(sl)].pos).inputs) {
       const auto r = static_cast<size_t>(root(x));
-      if (paged(r)) continue;
+      if (host_out_at[r] >= 0) host_read_until[r] = sl;  // made on the host
+      if (paged(r) || staged_input(r) || host_out_at[r] >= 0) continue;
       host_copy_until[r] = sl;
     }
   }
@@ -672,6 +734,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
 
   // Launches: kernel, arguments and workspace of every slot.
   std::vector<int> ws_req;
+  std::vector<size_t> host_ws(static_cast<size_t>(n_slots), 0);
   for (int sl = 0; sl < n_slots; ++sl) {
     const Slot& slot = slots[static_cast<size_t>(sl)];
     const int ni = req.nodes[static_cast<size_t>(slot.pos)];
@@ -711,17 +774,15 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
                     : &choose_kernel(backend, nd, a, opt.deterministic);
     l.on_host = host;
     a.workspace_bytes = l.kernel->workspace ? l.kernel->workspace(a) : 0;
-    if (host && a.workspace_bytes)
-      throw Error(POOCH_ERR_UNSUPPORTED,
-                  fmt::format("the host kernel for op '{}' (node {}) needs a workspace, which "
-                              "host kernels cannot have",
-                              nd.op, ni));
     ws_req.push_back(static_cast<int>(reqs.size()));
-    reqs.push_back({a.workspace_bytes, sl, sl, Role::activation, -1,
+    // A host kernel's workspace is in the host pool (below), none in the arena.
+    if (host) host_ws[static_cast<size_t>(sl)] = a.workspace_bytes;
+    reqs.push_back({host ? 0 : a.workspace_bytes, sl, sl, Role::activation, -1,
                     fmt::format("workspace of node {} ({})", ni, nd.op)});
     s.transient_tensor.push_back(kNoTensor);
     if (!candidate) s.launches.push_back(l);
-    if (host) ++s.host_updates;
+    if (host) ++s.host_launches;
+    if (host && !pc.def[static_cast<size_t>(slot.pos)]->mutates.empty()) ++s.host_updates;
     if (cache && !host) {
       cache->launch.resize(nodes.size());
       cache->launch[static_cast<size_t>(ni)] = l;
@@ -761,7 +822,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       l.in_offset[j] = device_offset(nd.inputs[static_cast<size_t>(j)], sl, false);
     for (int j = 0; j < l.args.n_out; ++j)
       l.out_offset[j] = device_offset(nd.outputs[static_cast<size_t>(j)], sl, true);
-    if (l.args.workspace_bytes)
+    if (l.args.workspace_bytes && !l.on_host)
       l.workspace_offset =
           base + s.transient.offsets[static_cast<size_t>(ws_req[static_cast<size_t>(sl)])];
   }
@@ -789,13 +850,40 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     host_ids.push_back(static_cast<TensorId>(t));
     s.host_update_copy_bytes += g.tensor(static_cast<TensorId>(t)).bytes();
   }
+  const size_t n_copy_slots = host_reqs.size();
+  for (size_t t = 0; t < n_t; ++t) {
+    if (host_out_at[t] < 0) continue;
+    host_reqs.push_back(
+        {g.tensor(static_cast<TensorId>(t)).bytes(), host_out_at[t],
+         std::max({host_out_at[t], host_out_use[t], host_read_until[t]}),
+         g.tensor(static_cast<TensorId>(t)).role, -1,
+         names ? "host output " + g.tensor(static_cast<TensorId>(t)).name : std::string()});
+    host_ids.push_back(static_cast<TensorId>(t));
+  }
+  const size_t n_out_slots = host_reqs.size();
+  std::vector<int> host_ws_slot;  // per host workspace request: its launch slot
+  for (int sl = 0; sl < n_slots; ++sl) {
+    if (!host_ws[static_cast<size_t>(sl)]) continue;
+    host_reqs.push_back({host_ws[static_cast<size_t>(sl)], sl, sl, Role::activation, -1,
+                         names ? fmt::format("host workspace of slot {}", sl) : std::string()});
+    host_ws_slot.push_back(sl);
+  }
+  for (size_t i = n_swap_slots; i < host_reqs.size(); ++i)
+    s.host_side_bytes += align_up(host_reqs[i].bytes, align);
   const ArenaPlan host_plan = plan_arena(host_reqs, align);
   const size_t host_base = align_up(layout.host.peak, align);
   s.host_bytes = host_reqs.empty() ? layout.host.peak : host_base + host_plan.peak;
-  std::vector<size_t> host_slot(n_t, kUnplaced), host_copy(n_t, kUnplaced);
+  std::vector<size_t> host_slot(n_t, kUnplaced), host_copy(n_t, kUnplaced),
+      host_out(n_t, kUnplaced);
   for (size_t i = 0; i < host_ids.size(); ++i)
-    (i < n_swap_slots ? host_slot : host_copy)[static_cast<size_t>(host_ids[i])] =
+    (i < n_swap_slots   ? host_slot
+     : i < n_copy_slots ? host_copy
+                        : host_out)[static_cast<size_t>(host_ids[i])] =
         host_base + host_plan.offsets[i];
+  std::vector<size_t> host_ws_offset(static_cast<size_t>(n_slots), kUnplaced);
+  for (size_t i = 0; i < host_ws_slot.size(); ++i)
+    host_ws_offset[static_cast<size_t>(host_ws_slot[i])] =
+        host_base + host_plan.offsets[n_out_slots + i];
   // A host launch's operands: a paged tensor at home, anything else at its
   // host copy.
   for (int sl = 0; sl < n_slots && !candidate; ++sl) {
@@ -804,8 +892,14 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     const Node& nd = nodes[static_cast<size_t>(l.node)];
     for (int j = 0; j < l.args.n_in; ++j) {
       const auto r = static_cast<size_t>(root(nd.inputs[static_cast<size_t>(j)]));
-      l.in_offset[j] = paged(r) ? layout.home_offset[r] : host_copy[r];
+      l.in_offset[j] = paged(r)              ? layout.home_offset[r]
+                       : staged_input(r)     ? layout.host_offset[r]
+                       : host_out_at[r] >= 0 ? host_out[r]
+                                             : host_copy[r];
     }
+    for (int j = 0; j < l.args.n_out; ++j)
+      l.out_offset[j] = host_out[static_cast<size_t>(root(nd.outputs[static_cast<size_t>(j)]))];
+    if (l.args.workspace_bytes) l.workspace_offset = host_ws_offset[static_cast<size_t>(sl)];
   }
 
   // Steps: inputs in; per slot, the swap and prefetch traffic around its
@@ -827,7 +921,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     size_t t;
     int group;  // a paged tensor's group (0, 1, 2), or one of these:
   };
-  constexpr int kSwap = -1, kHostCopy = -2;
+  constexpr int kSwap = -1, kHostCopy = -2, kHostOut = -3;
   std::vector<std::vector<Traffic>> before_slot(static_cast<size_t>(n_slots)),
       after_slot(static_cast<size_t>(n_slots));
   auto at = [&](std::vector<std::vector<Traffic>>& v, int sl, Traffic x) {
@@ -844,6 +938,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       at(after_slot, host_copy_after[t], {t, kHostCopy});
       at(before_slot, host_copy_after[t] + host_lag + 1, {t, kHostCopy});
     }
+    if (host_out_use[t] >= 0)
+      for (int sl : {host_out_at[t] + 1, host_out_use[t]}) at(before_slot, sl, {t, kHostOut});
     if (!pg.empty() && touched[t] && paged(t))
       for (int gi = 0; gi < 3; ++gi) {
         const PagedGroup& G = pg[t][static_cast<size_t>(gi)];
@@ -853,6 +949,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       }
   }
   std::vector<int> out_done(n_t, -1), in_done(n_t, -1), host_copy_done(n_t, -1);
+  std::vector<int> host_done(static_cast<size_t>(n_slots), -1);  // a host launch's end
   std::vector<int> paged_out_done(pg.empty() ? 0 : 3 * n_t, -1),
       paged_in_done(pg.empty() ? 0 : 3 * n_t, -1);
   for (int sl = 0; sl < n_slots; ++sl) {
@@ -871,6 +968,20 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     }
     for (const Traffic& x : before) {
       const size_t t = x.t;
+      if (x.group == kHostOut && host_out_at[t] + 1 == sl) {
+        // Made on the host: in once the host kernel is done and its landing
+        // region is free.
+        const int free = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::compute, free});
+        s.steps.push_back({StepKind::wait, Stream::h2d, free});
+        s.steps.push_back({StepKind::wait, Stream::h2d, host_done[host_out_at[t]]});
+        s.add_copy(StepKind::copy_in, Stream::h2d,
+                   {static_cast<TensorId>(t), offset_of(A[t]), host_out[t],
+                    g.tensor(static_cast<TensorId>(t)).bytes()});
+        in_done[t] = s.add_event();
+        s.steps.push_back({StepKind::record, Stream::h2d, in_done[t]});
+        continue;
+      }
       const bool swap_in = x.group == kSwap && prefetch[t] == sl;
       const bool page_in = x.group >= 0 && pg[t][static_cast<size_t>(x.group)].page_in == sl;
       if (!swap_in && !page_in) continue;
@@ -894,6 +1005,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     }
     for (const Traffic& x : before) {
       const size_t t = x.t;
+      if (x.group == kHostOut && host_out_use[t] == sl)
+        s.steps.push_back({StepKind::wait, Stream::compute, in_done[t]});
       if (x.group == kSwap && back_at[t] == sl)
         s.steps.push_back({StepKind::wait, Stream::compute, in_done[t]});
       if (x.group >= 0 && pg[t][static_cast<size_t>(x.group)].first_use == sl)
@@ -908,6 +1021,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       s.steps.push_back({StepKind::record, Stream::compute, reached});
       s.steps.push_back({StepKind::wait, Stream::d2h, reached});
       s.steps.push_back({StepKind::launch, Stream::d2h, sl});
+      host_done[static_cast<size_t>(sl)] = s.add_event();
+      s.steps.push_back({StepKind::record, Stream::d2h, host_done[static_cast<size_t>(sl)]});
     } else {
       s.steps.push_back({StepKind::launch, Stream::compute, sl});
     }

@@ -57,7 +57,7 @@ struct Launch {
   size_t out_offset[kern::kMaxOperands] = {};
   size_t workspace_offset = kUnplaced;  // kUnplaced: no workspace
   // A host kernel (Backend::host_kernels), queued on the d2h stream: the
-  // offsets above are host pool offsets, and it has no workspace.
+  // offsets above (its workspace's too) are host pool offsets.
   bool on_host = false;
 };
 
@@ -90,10 +90,13 @@ struct Schedule {
   // Paged weights and optimizer state, whose home is the host pool
   // (SessionLayout::home_offset), and the bytes the program copies each way.
   size_t paged_bytes = 0, paged_in_bytes = 0, paged_out_bytes = 0;
-  // Optimizer updates run on the host (SessionLayout::host_update), and the
-  // bytes copied out for them (gradients, the clipping norm).
-  int host_updates = 0;
-  size_t host_update_copy_bytes = 0;
+  // Launches on the host (SessionLayout::host_update): optimizer updates, and
+  // all of them (with a sparse input layer's forward and row gradient); the
+  // bytes copied out for them (gradients, the clipping norm); and the host
+  // pool they use beyond the swap slots (copies, outputs, workspaces, each
+  // aligned), the same whatever the activations' decisions.
+  int host_updates = 0, host_launches = 0;
+  size_t host_update_copy_bytes = 0, host_side_bytes = 0;
 
   int add_event() { return events++; }
   int add_launch(Launch l) {

@@ -275,6 +275,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     ooc_.paged_bytes = ts->paged_bytes;
     ooc_.paged_copy_bytes = ts->paged_in_bytes + ts->paged_out_bytes;
     ooc_.host_updates = ts->host_updates;
+    ooc_.host_launches = ts->host_launches;
     ooc_.host_update_copy_bytes = ts->host_update_copy_bytes;
   }
   size_t host_bytes = layout_.host.peak;
@@ -290,8 +291,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     for (const SavedActivation& sa : saved_activations(graph_, train_request_))
       saved += align_up(sa.bytes, align);
     // And every host update's copies (the same set whatever the timing).
-    if (const Schedule* ts = schedule(ProgramKind::train_step))
-      saved += ts->host_update_copy_bytes + ts->host_updates * align;
+    if (const Schedule* ts = schedule(ProgramKind::train_step)) saved += ts->host_side_bytes;
     // Under a host cap, no more than the cap (a plan made again must then
     // fit what was taken, which it is planned to).
     size_t all_saved = align_up(layout_.host.peak, align) + saved;

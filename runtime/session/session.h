@@ -68,7 +68,7 @@ struct OutOfCoreReport {
   size_t paged_bytes = 0, paged_copy_bytes = 0;
   // Optimizer updates that run on the host, where their weight and state
   // live, and the bytes a step copies out for them (gradients, the norm).
-  int host_updates = 0;
+  int host_updates = 0, host_launches = 0;  // the updates, and every launch on the host
   size_t host_update_copy_bytes = 0;
   double predicted_seconds = 0;  // the simulator's step time
   double predicted_in_core = 0;  // the same for the in-core step

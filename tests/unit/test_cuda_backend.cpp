@@ -24,10 +24,10 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-#define SKIP_WITHOUT_DEVICE()                                      \
-  do {                                                             \
-    std::string why_;                                              \
-    if (!cuda_device_available(&why_)) GTEST_SKIP() << why_;       \
+#define SKIP_WITHOUT_DEVICE()                                \
+  do {                                                       \
+    std::string why_;                                        \
+    if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
   } while (0)
 
 // ---- without a device --------------------------------------------------------
@@ -288,8 +288,7 @@ TEST(CudaBackend, KernelOutputIsOrderedBeforeACopyByAnEvent) {
   b->stream_wait(Stream::d2h, out);
   b->copy_async(Stream::d2h, hy, dy, bytes);
   b->stream_sync(Stream::d2h);
-  for (int64_t i = 0; i < n; ++i)
-    ASSERT_EQ(hy[i], hx[i] < 0 ? 0.0f : hx[i]) << "element " << i;
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hy[i], hx[i] < 0 ? 0.0f : hx[i]) << "element " << i;
   b->sync_all();
 }
 
@@ -325,8 +324,7 @@ TEST(CudaBackend, HostKernelRunsInItsStreamsOrderOnTheHostPool) {
   b->copy_async(Stream::d2h, hmid, b->arena_base(), bytes);
   b->launch_host(Stream::d2h, *relu, a);
   b->stream_sync(Stream::d2h);
-  for (int64_t i = 0; i < n; ++i)
-    ASSERT_EQ(hy[i], hx[i] < 0 ? 0.0f : hx[i]) << "element " << i;
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hy[i], hx[i] < 0 ? 0.0f : hx[i]) << "element " << i;
   b->sync_all();
 }
 

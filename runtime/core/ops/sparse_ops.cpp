@@ -94,6 +94,7 @@ void add_sparse_linear(OpRegistry& r) {
     if (needs[3]) dx[3] = outs[1];
     if (needs[4]) dx[4] = outs[2];
   };
+  fwd.row_weight = 3;
   r.add(std::move(fwd));
 
   OpDef gw;
@@ -119,6 +120,7 @@ void add_sparse_linear(OpRegistry& r) {
   gw.flops = [](InDescs in, InDescs, const Attrs&) {
     return 2.0 * numel(in[1]) * static_cast<double>(in[3]->shape[1]) + numel(in[3]);
   };
+  gw.host_for_host_readers = true;
   r.add(std::move(gw));
 }
 
