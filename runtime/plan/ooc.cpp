@@ -586,9 +586,15 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
       best = s.pooch_greedy();
       break;
     case Strategy::automatic: {
-      best = s.evaluate({}, 1, 1);  // in core, when it fits, is the fastest there is
+      best = s.evaluate({}, 1, 1);  // every activation kept, when it fits, is the fastest
       from = Strategy::keep;
-      if (best.fits) break;
+      if (best.fits) {
+        // ...but where weights are paged or nodes run on the host, when
+        // their copies start still matters (pooch-greedy tunes it last too).
+        Search::Candidate timed = s.best_timing(best.residency);
+        if (Search::better(timed, best)) best = std::move(timed);
+        break;
+      }
       const std::pair<Strategy, Search::Candidate> tries[] = {
           {Strategy::pooch_greedy, s.pooch_greedy()},
           {Strategy::checkpoint_sqrt, s.checkpoint_sqrt()},
