@@ -200,6 +200,31 @@ TEST(OutOfCore, ClippedTrainingIsBitForBitOutOfCore) {
   EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
 }
 
+// The smallest budget a swap-all plan reaches when the session may page up
+// to `max_paging` (plan-only sessions, by bisection to 256 bytes), clipping
+// the gradients to `clip_norm` (0: none).
+size_t smallest_budget(const ModelSpec& spec, int max_paging, size_t hi, double clip_norm = 0) {
+  SessionConfig c;
+  c.optimizer.clip_norm = clip_norm;
+  c.device = DeviceKind::cpu;
+  c.threads = 1;
+  c.plan_only = true;
+  c.strategy = Strategy::swap_all;
+  c.max_paging = max_paging;
+  size_t lo = 0;  // does not fit; hi fits
+  while (hi - lo > 256) {
+    c.device_memory = lo + (hi - lo) / 2;
+    try {
+      Session s(build(spec), c);
+      hi = c.device_memory;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET) << e.what();
+      lo = c.device_memory;
+    }
+  }
+  return hi;
+}
+
 // With clipping the gradients wait for their updates until every one is
 // made: each is a candidate to leave the device for that gap, and a paged
 // weight is paged in again for its update rather than kept through it. The
@@ -238,21 +263,7 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
   EXPECT_LT(unclipped_candidates, gradient_candidates);
 
   // The smallest budget a swap-all plan reaches, everything paged.
-  SessionConfig pc = cfg;
-  pc.threads = 1;
-  pc.plan_only = true;
-  pc.strategy = Strategy::swap_all;
-  size_t lo = 0, hi = in_core.out_of_core().in_core_arena;
-  while (hi - lo > 256) {
-    pc.device_memory = lo + (hi - lo) / 2;
-    try {
-      Session s(build(spec), pc);
-      hi = pc.device_memory;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET) << e.what();
-      lo = pc.device_memory;
-    }
-  }
+  const size_t hi = smallest_budget(spec, 3, in_core.out_of_core().in_core_arena, 0.05);
   std::printf("clipped chain12: smallest budget %zu; weight gradients %zu bytes in all\n", hi,
               weight_gradients);
   EXPECT_LT(hi, weight_gradients);
@@ -305,31 +316,9 @@ TEST(Clipping, RowSparseGradientsAreRefused) {
 
 // Budgets below the weights and optimizer state: the session pages the
 // optimizer state (and then the weights) to the host pool, copies each in
-// before its uses and the updated ones back, and trains to the same bits.
+// before its uses and the updated ones back, and last runs the updates (and
+// a sparse input layer) on the host; it trains to the same bits.
 class Paging : public ::testing::TestWithParam<int> {};
-
-// The smallest budget a swap-all plan reaches when the session may page up
-// to `max_paging` (plan-only sessions, by bisection to 256 bytes).
-size_t smallest_budget(const ModelSpec& spec, int max_paging, size_t hi) {
-  SessionConfig c;
-  c.device = DeviceKind::cpu;
-  c.threads = 1;
-  c.plan_only = true;
-  c.strategy = Strategy::swap_all;
-  c.max_paging = max_paging;
-  size_t lo = 0;  // does not fit; hi fits
-  while (hi - lo > 256) {
-    c.device_memory = lo + (hi - lo) / 2;
-    try {
-      Session s(build(spec), c);
-      hi = c.device_memory;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET) << e.what();
-      lo = c.device_memory;
-    }
-  }
-  return hi;
-}
 
 TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
   const Case cases[] = {
