@@ -348,18 +348,18 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
   // inputs are paged too. Their operands are at home, in a staging slot or
   // copied out; a row reader's output is copied in.
   std::vector<char> on_host(static_cast<size_t>(n_pos), 0);
+  auto persistent_inputs_paged = [&](const Node& nd) {
+    for (TensorId x : nd.inputs)
+      if (persistent(g.tensor(root(x))) && !layout.paged(root(x))) return false;
+    return true;
+  };
   if (!layout.host_update.empty())
     for (int p = 0; p < n_pos; ++p) {
       const OpDef& d = *pc.def[static_cast<size_t>(p)];
       if (d.row_weight >= 0 && !al.is_view[static_cast<size_t>(p)]) {
         const Node& nd = node_at(p);
         const TensorId w = root(nd.inputs[static_cast<size_t>(d.row_weight)]);
-        bool ok = layout.updated_on_host(w) && layout.paged(w);
-        for (TensorId x : nd.inputs) {
-          const TensorDesc& xd = g.tensor(root(x));
-          ok = ok && (!persistent(xd) || layout.paged(root(x)));
-        }
-        on_host[static_cast<size_t>(p)] = ok ? 1 : 0;
+        on_host[static_cast<size_t>(p)] = layout.updated_on_host(w) && persistent_inputs_paged(nd);
         continue;
       }
       if (d.mutates.empty()) continue;
@@ -390,10 +390,8 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       for (TensorId o : nd.outputs)
         if (g.tensor(o).bytes() > g.tensor(big).bytes()) big = o;
       const auto r = static_cast<size_t>(root(big));
-      bool ok = host_readers[r] > 0 && device_readers[r] == 0;
-      for (TensorId x : nd.inputs)
-        ok = ok && (!persistent(g.tensor(root(x))) || layout.paged(root(x)));
-      on_host[static_cast<size_t>(p)] = ok ? 1 : 0;
+      on_host[static_cast<size_t>(p)] =
+          host_readers[r] > 0 && device_readers[r] == 0 && persistent_inputs_paged(nd);
     }
   }
 
@@ -505,15 +503,18 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
       B[t].first = target - 1;  // the recompute launch just before the reader
     }
   }
+  // A paged tensor's group of uses at `slot` (0: forward, 1: backward, 2:
+  // the later backward group), and the interval of each.
+  auto group_of = [&](size_t r, int slot) {
+    return slot < first_backward_slot ? 0 : late_group[r] >= 0 && slot >= late_group[r] ? 2 : 1;
+  };
+  auto group_interval = [&](size_t t, int group) -> Interval& {
+    return group == 0 ? A[t] : group == 1 ? B[t] : C[t];
+  };
   // Which interval an access at `slot` uses.
   auto interval = [&](TensorId x, int slot) -> Interval& {
     const auto r = static_cast<size_t>(root(x));
-    // A paged tensor: its forward uses are one group, its backward ones another
-    // (or two).
-    if (paged(r))
-      return slot < first_backward_slot                    ? A[r]
-             : late_group[r] >= 0 && slot >= late_group[r] ? C[r]
-                                                           : B[r];
+    if (paged(r)) return group_interval(r, group_of(r, slot));
     if (s.residency[r] != Residency::keep && slot >= B[r].first) return B[r];
     return A[r];
   };
@@ -583,12 +584,6 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     bool written = false;
   };
   std::vector<std::array<PagedGroup, 3>> pg;
-  auto group_of = [&](size_t r, int slot) {
-    return slot < first_backward_slot ? 0 : late_group[r] >= 0 && slot >= late_group[r] ? 2 : 1;
-  };
-  auto group_interval = [&](size_t t, int group) -> Interval& {
-    return group == 0 ? A[t] : group == 1 ? B[t] : C[t];
-  };
   bool any_paged = false;
   for (size_t t = 0; t < n_t && !any_paged; ++t) any_paged = touched[t] && paged(t);
   if (any_paged) {
@@ -622,8 +617,9 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     }
   }
 
-  // What a host update reads that lives on the device (its gradient, the
-  // clipping norm) is copied out to a host slot after its last device use;
+  // What a host node reads that lives on the device (an update's gradient,
+  // the clipping norm, a row gradient's output gradient) is copied out to a
+  // host slot after its last device use;
   // its region is held `lag` launches more for the copy, and the compute
   // stream waits for the copy before the region's next owner.
   const int host_lag = std::max(1, req.release_lag);
@@ -655,7 +651,7 @@ Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend&
     if (host_copy_until[t] < 0) continue;
     if (host_copy_after[t] < 0)
       throw Error(POOCH_ERR_INTERNAL,
-                  fmt::format("a host update reads '{}', which nothing before it on the device "
+                  fmt::format("a host node reads '{}', which nothing before it on the device "
                               "makes",
                               g.tensor(static_cast<TensorId>(t)).name));
     Interval& iv = interval(static_cast<TensorId>(t), host_copy_after[t]);
