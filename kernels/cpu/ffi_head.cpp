@@ -1,15 +1,18 @@
 // Fast f32 kernels of the fused fixed fan-in output layer (ffi_loss,
 // ffi_loss_grad, ffi_topk; runtime/core/ops/ffi_head_ops.cpp).
 //
-// Layout: the input h[B,H] is transposed once into hT[H,Bp] (Bp = B rounded up
-// to kLanes, padding rows zero), so label l's logits for the whole batch are
-// z[0..Bp) = b[l] + sum_k w[l,k] * hT[index[l,k], :]: K contiguous rows, one
-// FMA per lane. The labels are split into contiguous ranges, one per thread;
-// each label's logits live only in a Bp-float tile, turned at once into its
-// loss terms, its gradient g[0..Bp), db[l] = sum g, dw[l,k] = g . hT[u,:] and
-// dhT[u,:] += w[l,k] g (dhT per thread, summed in thread order at the end).
-// Nothing here grows with L: the scratch is hT, one dhT per thread, the
-// batch's (label, row) target pairs sorted by label, and per-row sums.
+// Layout: the input h[B,H] is transposed once into blocks of bw rows (bw, the
+// call's width: the batch rounded up to 16, 32, 64 or 128, and 128 past
+// that), hT[blocks][H][bw], padding rows zero. Label l's logits for one block
+// are z[0..bw) = b[l] + sum_k w[l,k] * hT[block][index[l,k]][:]: K
+// contiguous rows of the block, one FMA per lane. The labels are split into
+// contiguous ranges, one per thread; each thread takes the blocks in turn
+// and, within a block, its labels in order. A label's logits for a block
+// live only in a tile, turned at once into their loss terms, their gradient
+// g, db[l] += sum g, dw[l,k] += g . hT[block][u] and dhT[block][u] +=
+// w[l,k] g (dhT per thread, summed in thread order at the end). Nothing here
+// grows with L: the scratch is hT, one dhT per thread, the batch's (block,
+// label, row) target pairs, sorted, and per-row sums.
 //
 // Targets: every label is first treated as absent (t = 0) for the whole
 // tile, then the few listed (label, row) pairs are corrected, as the unfused
@@ -47,7 +50,15 @@
 namespace pooch::kern {
 namespace {
 
-constexpr int64_t kLanes = 16;
+// A call's row block (its "width"): the batch rounded up to 16, 32, 64 or
+// 128 rows, and 128 past that (docs/BENCHMARKS.md, "The fused fixed fan-in
+// output layer": wider was faster, up to the 128 measured).
+constexpr int64_t kMaxWidth = 128;
+int64_t width_of(int64_t batch) {
+  int64_t w = 16;
+  while (w < kMaxWidth && w < batch) w *= 2;
+  return w;
+}
 constexpr size_t kAlign = 64;
 
 enum class Loss { bce = 0, hinge = 1, xent = 2 };
@@ -67,7 +78,13 @@ int planned_slots() {
 }
 
 int64_t padded(int64_t batch) {
-  return (batch + kLanes - 1) / kLanes * kLanes;
+  const int64_t w = width_of(batch);
+  return (batch + w - 1) / w * w;
+}
+
+// Rows of block b (of width bw) that are real (not padding).
+int64_t rows_in(int64_t batch, int64_t bw, int64_t b) {
+  return std::min(bw, batch - b * bw);
 }
 
 size_t round_up(size_t n) {
@@ -93,89 +110,195 @@ struct Layer {
   const I* index;
   const float* w;
   const float* bias;
-  int64_t batch, hidden, labels, fan_in, bp;
+  int64_t batch, hidden, labels, fan_in;
+  int64_t bw, bp;  // the row block's width; the batch padded to whole blocks
+  int64_t blocks() const { return bp / bw; }
 };
 
 template <class I>
 Layer<I> layer_of(const KernelArgs& a) {
-  return {a.in[0].as<float>(), a.in[1].as<I>(),  a.in[2].as<float>(),
-          a.in[3].as<float>(), a.in[0].shape[0], a.in[0].shape[1],
-          a.in[1].shape[0],    a.in[1].shape[1], padded(a.in[0].shape[0])};
+  return {a.in[0].as<float>(),     a.in[1].as<I>(),  a.in[2].as<float>(),
+          a.in[3].as<float>(),     a.in[0].shape[0], a.in[0].shape[1],
+          a.in[1].shape[0],        a.in[1].shape[1], width_of(a.in[0].shape[0]),
+          padded(a.in[0].shape[0])};
 }
 
-// hT[H, bp] from h[B, H]; rows past B are zero.
-void transpose_in(const float* h, int64_t batch, int64_t hidden, int64_t bp, float* ht, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t u = 0; u < hidden; ++u) {
-    float* row = ht + u * bp;
-    for (int64_t r = 0; r < batch; ++r) row[r] = h[r * hidden + u];
-    for (int64_t r = batch; r < bp; ++r) row[r] = 0.0f;
+// hT[blocks][H][bw] from h[B, H]; rows past B are zero.
+template <class I>
+void transpose_in(const Layer<I>& y, float* ht, int nt) {
+  const int64_t bw = y.bw, hidden = y.hidden;
+#pragma omp parallel for num_threads(nt) schedule(static) collapse(2)
+  for (int64_t b = 0; b < y.blocks(); ++b)
+    for (int64_t u = 0; u < hidden; ++u) {
+      float* row = ht + (b * hidden + u) * bw;
+      const int64_t n = rows_in(y.batch, bw, b);
+      for (int64_t r = 0; r < n; ++r) row[r] = y.h[(b * bw + r) * hidden + u];
+      for (int64_t r = n; r < bw; ++r) row[r] = 0.0f;
+    }
+}
+
+// A target: row `row` (of block `block`) has label `label`.
+struct Pair {
+  int32_t block, label, row;
+  bool operator<(const Pair& o) const {
+    if (block != o.block) return block < o.block;
+    return label != o.label ? label < o.label : row < o.row;
   }
-}
+};
 
-// The batch's targets as (label << 32 | row), sorted: each thread walks the
-// pairs of its label range in order. Returns the count.
-int64_t sorted_pairs(const int32_t* lptr, const int32_t* lidx, int64_t batch, int64_t* pairs) {
+// The batch's targets sorted by (block, label, row): each thread walks the
+// pairs of its label range block by block. Returns the count.
+int64_t sorted_pairs(const int32_t* lptr, const int32_t* lidx, int64_t batch, int64_t bw,
+                     Pair* pairs) {
   int64_t n = 0;
   for (int64_t r = 0; r < batch; ++r)
     for (int32_t j = lptr[r]; j < lptr[r + 1]; ++j)
-      pairs[n++] = (static_cast<int64_t>(lidx[j]) << 32) | r;
+      pairs[n++] = {static_cast<int32_t>(r / bw), lidx[j], static_cast<int32_t>(r)};
   std::sort(pairs, pairs + n);
   return n;
 }
 
-// The first pair whose label is >= l.
-int64_t first_pair(const int64_t* pairs, int64_t n, int64_t l) {
-  return std::lower_bound(pairs, pairs + n, l << 32) - pairs;
+// The first pair of block b whose label is >= l.
+int64_t first_pair(const Pair* pairs, int64_t n, int64_t b, int64_t l) {
+  const Pair key{static_cast<int32_t>(b), static_cast<int32_t>(l), 0};
+  return std::lower_bound(pairs, pairs + n, key) - pairs;
 }
 
-// z[0..bp) = bias + sum_k w[l,k] hT[index[l,k], :].
-template <class I>
-POOCH_VEC_CLONES void logits_tile(const float* ht, int64_t bp, const I* il, const float* wl,
-                                  int64_t fan_in, float bias, float* z) {
-  for (int64_t r = 0; r < bp; ++r) z[r] = bias;
-  for (int64_t k = 0; k < fan_in; ++k) {
-    const float* row = ht + int64_t{il[k]} * bp;
-    const float wk = wl[k];
-#pragma omp simd
-    for (int64_t r = 0; r < bp; ++r) z[r] += wk * row[r];
+// A block's row of hT or dhT as vectors of 8 floats (GCC's vector extension:
+// AVX in the x86-64-v3 clone, two SSE halves in the default one), its width a
+// template argument so that a tile lives in registers. Plain loops over a
+// runtime width ran 1.4 times slower: the compiler kept the tile in memory
+// (it cannot prove that z does not alias the inputs) and versioned the loops.
+typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+#define POOCH_SPLAT(x) (Vec8{} + (x))
+
+// The rows sit at random places (the index is random): fetching the row of a
+// later k while this one is summed hides part of the cache-miss latency.
+constexpr int64_t kAhead = 4;
+template <int64_t W>
+inline void prefetch_row(const float* row, bool write) {
+  for (int64_t i = 0; i < W; i += 16) {
+    if (write)
+      __builtin_prefetch(row + i, 1, 3);
+    else
+      __builtin_prefetch(row + i, 0, 3);
   }
 }
 
-// With the tile's gradient g[0..bp) (zero on padding rows): db, dw[l, :] and
-// dhT[index[l, k], :] += w[l, k] g.
-template <class I>
-POOCH_VEC_CLONES void backward_tile(const float* ht, int64_t bp, const I* il, const float* wl,
-                                    int64_t fan_in, const float* g, float* dwl, float* dbl,
+// One block's logits of label l: z[0..W) = bias + sum_k w[l,k]
+// hT[block][index[l,k]][:], with ht the block's [H][W]. Narrow blocks sum the
+// k in interleaved chains (k mod chains), added pairwise at the end: with
+// only a vector or two per row, one chain would wait out the FMA latency at
+// every k.
+template <int64_t W, class I>
+POOCH_VEC_CLONES void logits_tile(const float* ht, const I* il, const float* wl, int64_t fan_in,
+                                  float bias, float* z) {
+  constexpr int64_t kVecs = W / 8;
+  constexpr int kChains = W >= 64 ? 1 : 64 / W;
+  Vec8 acc[kChains][kVecs] = {};
+  for (int64_t v = 0; v < kVecs; ++v) acc[0][v] = POOCH_SPLAT(bias);
+  for (int64_t k = 0; k < kAhead && k < fan_in; ++k)
+    prefetch_row<W>(ht + int64_t{il[k]} * W, false);
+  for (int64_t k = 0; k < fan_in; ++k) {
+    if (k + kAhead < fan_in) prefetch_row<W>(ht + int64_t{il[k + kAhead]} * W, false);
+    const Vec8* row = reinterpret_cast<const Vec8*>(ht + int64_t{il[k]} * W);
+    const Vec8 wk = POOCH_SPLAT(wl[k]);
+    Vec8* a = acc[k % kChains];
+    for (int64_t v = 0; v < kVecs; ++v) a[v] += wk * row[v];
+  }
+  for (int c = 1; c < kChains; c *= 2)  // pairwise: chains 0+1, 2+3, then (0+1)+(2+3)
+    for (int d = 0; d + c < kChains; d += 2 * c)
+      for (int64_t v = 0; v < kVecs; ++v) acc[d][v] += acc[d + c][v];
+  for (int64_t v = 0; v < kVecs; ++v) reinterpret_cast<Vec8*>(z)[v] = acc[0][v];
+}
+
+// The sum of a vector's lanes, in a fixed order (halves, then pairs).
+inline float lane_sum(Vec8 s) {
+  const float q0 = s[0] + s[4], q1 = s[1] + s[5], q2 = s[2] + s[6], q3 = s[3] + s[7];
+  return (q0 + q2) + (q1 + q3);
+}
+
+// With one block's gradient g[0..W) (zero on padding rows): db[l] and
+// dw[l, :] gain the block's share (the first block sets them), and the
+// block's dhT[index[l, k]][:] += w[l, k] g.
+template <int64_t W, class I>
+POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* wl, int64_t fan_in,
+                                    const float* g, bool first, float* dwl, float* dbl,
                                     float* dht) {
+  constexpr int64_t kVecs = W / 8;
+  Vec8 gv[kVecs];
   float sb = 0;
-#pragma omp simd reduction(+ : sb)
-  for (int64_t r = 0; r < bp; ++r) sb += g[r];
-  *dbl = sb;
+  for (int64_t v = 0; v < kVecs; ++v) gv[v] = reinterpret_cast<const Vec8*>(g)[v];
+  for (int64_t r = 0; r < W; ++r) sb += g[r];
+  *dbl = first ? sb : *dbl + sb;
+  for (int64_t k = 0; k < kAhead && k < fan_in; ++k) {
+    prefetch_row<W>(ht + int64_t{il[k]} * W, false);
+    prefetch_row<W>(dht + int64_t{il[k]} * W, true);
+  }
   for (int64_t k = 0; k < fan_in; ++k) {
-    const int64_t u = il[k];
-    const float* row = ht + u * bp;
-    float* drow = dht + u * bp;
-    const float wk = wl[k];
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t r = 0; r < bp; ++r) {
-      s += g[r] * row[r];
-      drow[r] += wk * g[r];
+    if (k + kAhead < fan_in) {
+      prefetch_row<W>(ht + int64_t{il[k + kAhead]} * W, false);
+      prefetch_row<W>(dht + int64_t{il[k + kAhead]} * W, true);
     }
-    dwl[k] = s;
+    const int64_t u = il[k];
+    const Vec8* row = reinterpret_cast<const Vec8*>(ht + u * W);
+    Vec8* drow = reinterpret_cast<Vec8*>(dht + u * W);
+    const Vec8 wk = POOCH_SPLAT(wl[k]);
+    Vec8 s{};
+    for (int64_t v = 0; v < kVecs; ++v) {
+      s += gv[v] * row[v];
+      drow[v] += wk * gv[v];
+    }
+    const float d = lane_sum(s);
+    dwl[k] = first ? d : dwl[k] + d;
   }
 }
 
-// Loss terms of a tile with every target 0, rows [0, batch) only.
-POOCH_VEC_CLONES double tile_loss_absent(const float* z, int64_t batch, Loss kind) {
+// Label l's logits over block b (ht: the block's [H][bw]), at the call's width.
+template <class I>
+void logits(const Layer<I>& y, const float* ht, int64_t l, float* z) {
+  const I* il = y.index + l * y.fan_in;
+  const float* wl = y.w + l * y.fan_in;
+  switch (y.bw) {
+    case 16:
+      return logits_tile<16>(ht, il, wl, y.fan_in, y.bias[l], z);
+    case 32:
+      return logits_tile<32>(ht, il, wl, y.fan_in, y.bias[l], z);
+    case 64:
+      return logits_tile<64>(ht, il, wl, y.fan_in, y.bias[l], z);
+    default:
+      return logits_tile<kMaxWidth>(ht, il, wl, y.fan_in, y.bias[l], z);
+  }
+}
+
+// backward_tile for label l, at the call's width.
+template <class I>
+void backward(const Layer<I>& y, const float* ht, int64_t l, const float* g, bool first, float* dw,
+              float* db, float* dht) {
+  const I* il = y.index + l * y.fan_in;
+  const float* wl = y.w + l * y.fan_in;
+  float* dwl = dw + l * y.fan_in;
+  switch (y.bw) {
+    case 16:
+      return backward_tile<16>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
+    case 32:
+      return backward_tile<32>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
+    case 64:
+      return backward_tile<64>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
+    default:
+      return backward_tile<kMaxWidth>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
+  }
+}
+
+// Loss terms of a tile with every target 0, rows [0, n) only (the rest are padding).
+POOCH_VEC_CLONES double tile_loss_absent(const float* z, int64_t n, Loss kind) {
   float s = 0;
   if (kind == Loss::bce) {
 #pragma omp simd reduction(+ : s)
-    for (int64_t r = 0; r < batch; ++r) s += max0(z[r]) + log1p_unit(exp_f(-std::fabs(z[r])));
+    for (int64_t r = 0; r < n; ++r) s += max0(z[r]) + log1p_unit(exp_f(-std::fabs(z[r])));
   } else {
 #pragma omp simd reduction(+ : s)
-    for (int64_t r = 0; r < batch; ++r) {
+    for (int64_t r = 0; r < n; ++r) {
       const float m = max0(1.0f + z[r]);
       s += m * m;
     }
@@ -190,17 +313,18 @@ float term(float x, float t, Loss kind) {
   return m * m;
 }
 
-// Gradient of a tile with every target 0, times k; zero on padding rows.
-POOCH_VEC_CLONES void tile_grad_absent(const float* z, int64_t batch, int64_t bp, Loss kind,
-                                       float k, float* g) {
+// Gradient of a tile of n real rows with every target 0, times k; zero on
+// padding rows.
+POOCH_VEC_CLONES void tile_grad_absent(const float* z, int64_t n, int64_t bw, Loss kind, float k,
+                                       float* g) {
   if (kind == Loss::bce) {
 #pragma omp simd
-    for (int64_t r = 0; r < batch; ++r) g[r] = k * sigmoid_f(z[r]);
+    for (int64_t r = 0; r < n; ++r) g[r] = k * sigmoid_f(z[r]);
   } else {
 #pragma omp simd
-    for (int64_t r = 0; r < batch; ++r) g[r] = k * 2.0f * max0(1.0f + z[r]);
+    for (int64_t r = 0; r < n; ++r) g[r] = k * 2.0f * max0(1.0f + z[r]);
   }
-  for (int64_t r = batch; r < bp; ++r) g[r] = 0.0f;
+  for (int64_t r = n; r < bw; ++r) g[r] = 0.0f;
 }
 
 // One logit's gradient (before the scale) for target t.
@@ -224,20 +348,26 @@ void row_lse(const Layer<I>& y, const float* ht, int nt, int th, float* ztiles, 
   for (int t = 0; t < nt; ++t) {
     int64_t lo, hi;
     label_range(y.labels, nt, t, &lo, &hi);
-    float* z = ztiles + t * y.bp;
+    float* z = ztiles + t * kMaxWidth;
     double* m = m_part + t * y.bp;
     double* s = s_part + t * y.bp;
     std::fill(m, m + y.bp, -std::numeric_limits<double>::infinity());
     std::fill(s, s + y.bp, 0.0);
-    for (int64_t l = lo; l < hi; ++l) {
-      logits_tile(ht, y.bp, y.index + l * y.fan_in, y.w + l * y.fan_in, y.fan_in, y.bias[l], z);
-      for (int64_t r = 0; r < y.batch; ++r) {
-        const double v = z[r];
-        if (v > m[r]) {  // rescale the running sum to the new maximum
-          s[r] = s[r] * (std::isfinite(m[r]) ? std::exp(m[r] - v) : 0.0) + 1.0;
-          m[r] = v;
-        } else {
-          s[r] += std::exp(v - m[r]);
+    for (int64_t b = 0; b < y.blocks(); ++b) {
+      const float* hb = ht + b * y.hidden * y.bw;
+      const int64_t n = rows_in(y.batch, y.bw, b);
+      double* mb = m + b * y.bw;
+      double* sb = s + b * y.bw;
+      for (int64_t l = lo; l < hi; ++l) {
+        logits(y, hb, l, z);
+        for (int64_t r = 0; r < n; ++r) {
+          const double v = z[r];
+          if (v > mb[r]) {  // rescale the running sum to the new maximum
+            sb[r] = sb[r] * (std::isfinite(mb[r]) ? std::exp(mb[r] - v) : 0.0) + 1.0;
+            mb[r] = v;
+          } else {
+            sb[r] += std::exp(v - mb[r]);
+          }
         }
       }
     }
@@ -256,11 +386,11 @@ void row_lse(const Layer<I>& y, const float* ht, int nt, int th, float* ztiles, 
 // ---- workspace --------------------------------------------------------------
 
 struct Scratch {
-  float* ht;       // [H, bp]
-  float* dht;      // [nt, H, bp] (grad only)
-  float* z;        // [nt, bp] logit tiles
-  float* g;        // [nt, bp] gradient tiles
-  int64_t* pairs;  // [M]
+  float* ht;       // [blocks, H, bw]
+  float* dht;      // [nt, blocks, H, bw] (grad only)
+  float* z;        // [nt, kMaxWidth] logit tiles
+  float* g;        // [nt, kMaxWidth] gradient tiles
+  Pair* pairs;     // [M]
   double* m_part;  // [nt, bp] softmax running max
   double* s_part;  // [nt, bp] softmax running sum
   double* lse;     // [bp]
@@ -274,9 +404,9 @@ Scratch carve(const KernelArgs& a, bool grad, int nt, void* base, size_t* bytes 
   Scratch s{};
   s.ht = c.take<float>(hidden * bp);
   s.dht = grad ? c.take<float>(nt * hidden * bp) : nullptr;
-  s.z = c.take<float>(nt * bp);
-  s.g = c.take<float>(nt * bp);
-  s.pairs = c.take<int64_t>(m);
+  s.z = c.take<float>(nt * kMaxWidth);
+  s.g = c.take<float>(nt * kMaxWidth);
+  s.pairs = c.take<Pair>(m);
   s.m_part = c.take<double>(nt * bp);
   s.s_part = c.take<double>(nt * bp);
   s.lse = c.take<double>(bp);
@@ -321,8 +451,8 @@ void loss_fwd(const KernelArgs& a) {
     *out = 0.0f;
     return;
   }
-  transpose_in(y.h, y.batch, y.hidden, y.bp, s.ht, th);
-  const int64_t np = sorted_pairs(lptr, lidx, y.batch, s.pairs);
+  transpose_in(y, s.ht, th);
+  const int64_t np = sorted_pairs(lptr, lidx, y.batch, y.bw, s.pairs);
   double total = 0;
   if (kind == Loss::xent) {
     // sum over rows of |targets| * lse - the targets' logits.
@@ -330,7 +460,7 @@ void loss_fwd(const KernelArgs& a) {
     for (int64_t r = 0; r < y.batch; ++r)
       if (lptr[r + 1] > lptr[r]) total += static_cast<double>(lptr[r + 1] - lptr[r]) * s.lse[r];
     for (int64_t p = 0; p < np; ++p) {
-      const int64_t l = s.pairs[p] >> 32, r = s.pairs[p] & 0xffffffff;
+      const int64_t l = s.pairs[p].label, r = s.pairs[p].row;
       double acc = 0;
       for (int64_t k = 0; k < y.fan_in; ++k)
         acc += static_cast<double>(y.h[r * y.hidden + int64_t{y.index[l * y.fan_in + k]}]) *
@@ -342,15 +472,19 @@ void loss_fwd(const KernelArgs& a) {
     for (int t = 0; t < nt; ++t) {
       int64_t lo, hi;
       label_range(y.labels, nt, t, &lo, &hi);
-      float* z = s.z + t * y.bp;
-      int64_t p = first_pair(s.pairs, np, lo);
+      float* z = s.z + t * kMaxWidth;
       double sum = 0;
-      for (int64_t l = lo; l < hi; ++l) {
-        logits_tile(s.ht, y.bp, y.index + l * y.fan_in, y.w + l * y.fan_in, y.fan_in, y.bias[l], z);
-        sum += tile_loss_absent(z, y.batch, kind);
-        for (; p < np && (s.pairs[p] >> 32) == l; ++p) {
-          const float x = z[s.pairs[p] & 0xffffffff];
-          sum += static_cast<double>(term(x, 1.0f, kind)) - term(x, 0.0f, kind);
+      for (int64_t b = 0; b < y.blocks(); ++b) {
+        const float* hb = s.ht + b * y.hidden * y.bw;
+        const int64_t n = rows_in(y.batch, y.bw, b);
+        int64_t p = first_pair(s.pairs, np, b, lo);
+        for (int64_t l = lo; l < hi; ++l) {
+          logits(y, hb, l, z);
+          sum += tile_loss_absent(z, n, kind);
+          for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
+            const float x = z[s.pairs[p].row - b * y.bw];
+            sum += static_cast<double>(term(x, 1.0f, kind)) - term(x, 0.0f, kind);
+          }
         }
       }
       s.part[t] = sum;
@@ -378,45 +512,50 @@ void loss_grad(const KernelArgs& a) {
     std::fill(db, db + y.labels, 0.0f);
     return;
   }
-  transpose_in(y.h, y.batch, y.hidden, y.bp, s.ht, th);
-  const int64_t np = sorted_pairs(lptr, lidx, y.batch, s.pairs);
+  transpose_in(y, s.ht, th);
+  const int64_t np = sorted_pairs(lptr, lidx, y.batch, y.bw, s.pairs);
   const float k = static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(y.batch));
   if (kind == Loss::xent) row_lse(y, s.ht, nt, th, s.z, s.m_part, s.s_part, s.lse);
 #pragma omp parallel for num_threads(th) schedule(static, 1)
   for (int t = 0; t < nt; ++t) {
     int64_t lo, hi;
     label_range(y.labels, nt, t, &lo, &hi);
-    float* z = s.z + t * y.bp;
-    float* g = s.g + t * y.bp;
+    float* z = s.z + t * kMaxWidth;
+    float* g = s.g + t * kMaxWidth;
     float* dht = s.dht + t * y.hidden * y.bp;
     std::memset(dht, 0, static_cast<size_t>(y.hidden * y.bp) * sizeof(float));
-    int64_t p = first_pair(s.pairs, np, lo);
-    for (int64_t l = lo; l < hi; ++l) {
-      const I* il = y.index + l * y.fan_in;
-      const float* wl = y.w + l * y.fan_in;
-      logits_tile(s.ht, y.bp, il, wl, y.fan_in, y.bias[l], z);
-      if (kind == Loss::xent) {
-        for (int64_t r = 0; r < y.batch; ++r)
-          g[r] = k * static_cast<float>(std::exp(static_cast<double>(z[r]) - s.lse[r]) *
-                                        static_cast<double>(lptr[r + 1] - lptr[r]));
-        for (int64_t r = y.batch; r < y.bp; ++r) g[r] = 0.0f;
-        for (; p < np && (s.pairs[p] >> 32) == l; ++p) g[s.pairs[p] & 0xffffffff] -= k;
-      } else {
-        tile_grad_absent(z, y.batch, y.bp, kind, k, g);
-        for (; p < np && (s.pairs[p] >> 32) == l; ++p) {
-          const int64_t r = s.pairs[p] & 0xffffffff;
-          g[r] = k * grad_of(z[r], 1.0f, kind);
+    for (int64_t b = 0; b < y.blocks(); ++b) {
+      const float* hb = s.ht + b * y.hidden * y.bw;
+      float* dhb = dht + b * y.hidden * y.bw;
+      const int64_t r0 = b * y.bw, n = rows_in(y.batch, y.bw, b);
+      int64_t p = first_pair(s.pairs, np, b, lo);
+      for (int64_t l = lo; l < hi; ++l) {
+        logits(y, hb, l, z);
+        if (kind == Loss::xent) {
+          for (int64_t r = 0; r < n; ++r)
+            g[r] = k * static_cast<float>(std::exp(static_cast<double>(z[r]) - s.lse[r0 + r]) *
+                                          static_cast<double>(lptr[r0 + r + 1] - lptr[r0 + r]));
+          for (int64_t r = n; r < y.bw; ++r) g[r] = 0.0f;
+          for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p)
+            g[s.pairs[p].row - r0] -= k;
+        } else {
+          tile_grad_absent(z, n, y.bw, kind, k, g);
+          for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
+            const int64_t r = s.pairs[p].row - r0;
+            g[r] = k * grad_of(z[r], 1.0f, kind);
+          }
         }
+        backward(y, hb, l, g, b == 0, dw, db, dhb);
       }
-      backward_tile(s.ht, y.bp, il, wl, y.fan_in, g, dw + l * y.fan_in, db + l, dht);
     }
   }
-  // dh[r, u] = sum over the slices of dhT[u, r], in slice order.
+  // dh[r, u] = sum over the slices of dhT[block][u][r], in slice order.
 #pragma omp parallel for num_threads(th) schedule(static)
   for (int64_t u = 0; u < y.hidden; ++u)
     for (int64_t r = 0; r < y.batch; ++r) {
+      const int64_t at = ((r / y.bw) * y.hidden + u) * y.bw + r % y.bw;
       float v = 0;
-      for (int t = 0; t < nt; ++t) v += s.dht[(t * y.hidden + u) * y.bp + r];
+      for (int t = 0; t < nt; ++t) v += s.dht[t * y.hidden * y.bp + at];
       dh[r * y.hidden + u] = v;
     }
 }
@@ -450,7 +589,7 @@ size_t topk_bytes(const KernelArgs& a, int nt) {
   const int64_t k = a.out[0].shape[1];
   Carver c{nullptr};
   c.take<float>(hidden * bp);
-  c.take<float>(nt * bp);
+  c.take<float>(nt * kMaxWidth);
   c.take<float>(nt * bp * k);
   c.take<int32_t>(nt * bp * k);
   c.take<int64_t>(nt * bp);
@@ -472,26 +611,31 @@ void topk(const KernelArgs& a) {
   if (y.batch == 0) return;
   Carver c{static_cast<char*>(a.workspace)};
   float* ht = c.take<float>(y.hidden * y.bp);
-  float* zt = c.take<float>(nt * y.bp);
+  float* zt = c.take<float>(nt * kMaxWidth);
   float* bv = c.take<float>(nt * y.bp * k);
   auto* bi = c.take<int32_t>(nt * y.bp * k);
   auto* cnt = c.take<int64_t>(nt * y.bp);
-  transpose_in(y.h, y.batch, y.hidden, y.bp, ht, th);
+  transpose_in(y, ht, th);
 #pragma omp parallel for num_threads(th) schedule(static, 1)
   for (int t = 0; t < nt; ++t) {
     int64_t lo, hi;
     label_range(y.labels, nt, t, &lo, &hi);
-    float* z = zt + t * y.bp;
+    float* z = zt + t * kMaxWidth;
     float* v = bv + t * y.bp * k;
     int32_t* ix = bi + t * y.bp * k;
     int64_t* n = cnt + t * y.bp;
     std::fill(n, n + y.bp, 0);
-    for (int64_t l = lo; l < hi; ++l) {
-      logits_tile(ht, y.bp, y.index + l * y.fan_in, y.w + l * y.fan_in, y.fan_in, y.bias[l], z);
-      for (int64_t r = 0; r < y.batch; ++r) {
-        // Most labels lose to the row's k-th: one comparison rejects them.
-        if (n[r] == k && !ranks_above(z[r], l, v[r * k + k - 1], ix[r * k + k - 1])) continue;
-        insert(z[r], l, v + r * k, ix + r * k, n[r], k);
+    for (int64_t b = 0; b < y.blocks(); ++b) {
+      const float* hb = ht + b * y.hidden * y.bw;
+      const int64_t r0 = b * y.bw, rows = rows_in(y.batch, y.bw, b);
+      for (int64_t l = lo; l < hi; ++l) {
+        logits(y, hb, l, z);
+        for (int64_t j = 0; j < rows; ++j) {
+          const int64_t r = r0 + j;
+          // Most labels lose to the row's k-th: one comparison rejects them.
+          if (n[r] == k && !ranks_above(z[j], l, v[r * k + k - 1], ix[r * k + k - 1])) continue;
+          insert(z[j], l, v + r * k, ix + r * k, n[r], k);
+        }
       }
     }
   }

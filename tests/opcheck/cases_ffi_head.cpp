@@ -2,9 +2,10 @@
 // ffi_loss_grad, ffi_topk; docs/OPS.md, "Sparse"). ffi_loss carries the
 // gradient checks (the runner derives ffi_loss_grad from its backward
 // builder); ffi_loss_grad also gets cases of its own with a scale other than 1.
-// Shapes: an empty batch, one row, odd sizes that fill no vector tile, a batch
-// past one 16-row tile, labels enough to split over threads, u16 and i32
-// indices, repeated inputs within a label, and rows without labels.
+// Shapes: an empty batch, one row, odd sizes that fill no vector tile, batches
+// of every row-block width (16, 32, 64 and 128 rows) and one past a 128-row
+// block, labels enough to split over threads, u16 and i32 indices, repeated
+// inputs within a label, and rows without labels.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -63,9 +64,9 @@ const char* loss_name(int k) {
 
 void loss_cases(Rng& rng, std::vector<OpCase>& out) {
   const DType u16 = DType::u16, i32 = DType::i32;
-  const Dims dims[] = {{0, 5, 4, 2, u16},    {1, 3, 1, 1, i32},    {3, 10, 7, 4, u16},
-                       {13, 20, 37, 8, i32}, {17, 9, 23, 32, u16}, {70, 40, 300, 16, u16},
-                       {5, 70000, 9, 3, i32}};
+  const Dims dims[] = {{0, 5, 4, 2, u16},      {1, 3, 1, 1, i32},     {3, 10, 7, 4, u16},
+                       {13, 20, 37, 8, i32},   {17, 9, 23, 32, u16},  {40, 24, 50, 5, i32},
+                       {70, 40, 300, 16, u16}, {150, 12, 40, 6, u16}, {5, 70000, 9, 3, i32}};
   for (int kind = 0; kind < 3; ++kind)
     for (const Dims& d : dims) {
       std::vector<HostTensor> in = layer(rng, d);
@@ -117,7 +118,8 @@ void topk_cases(Rng& rng, std::vector<OpCase>& out) {
   };
   for (const TopK t :
        {TopK{{0, 5, 4, 2, u16}, 1}, TopK{{1, 3, 1, 1, i32}, 1}, TopK{{4, 10, 9, 4, u16}, 9},
-        TopK{{7, 20, 33, 8, i32}, 5}, TopK{{70, 40, 2000, 16, u16}, 10}})
+        TopK{{7, 20, 33, 8, i32}, 5}, TopK{{40, 24, 50, 5, i32}, 3},
+        TopK{{70, 40, 2000, 16, u16}, 10}, TopK{{150, 12, 60, 6, u16}, 4}})
     out.push_back(topk_case(layer(rng, t.d), t.k, label_of(t.d) + " k=" + n(t.k)));
   // Ties: zero weights, so each logit is its label's bias, drawn from three
   // values: the order among equals is by label.
