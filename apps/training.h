@@ -40,9 +40,8 @@ inline constexpr int kBowEnsemble = 3;  // members of pooch-run train's ensemble
 inline constexpr int kBowEpochs = 6;    // over which the cosine schedule decays
 inline constexpr float kBowLr = 2e-3f;  // the cosine schedule's peak
 // Below this many input x label weights (2^26: 256 MiB of f32, three times
-// that with Adam's moments) a set gets a dense output layer and the linear
-// skip path when the flags leave them to auto; above it, a fixed fan-in head
-// of 32 inputs per label and no skip path.
+// that with Adam's moments) a set gets a dense output layer when the flags
+// leave it to auto; above it, a fixed fan-in head of 32 inputs per label.
 inline constexpr int64_t kAutoDenseWeights = int64_t{1} << 26;
 void add_model_flags(CLI::App* app, ModelFlags& f);
 
