@@ -199,13 +199,18 @@ POOCH_VEC_CLONES void logits_tile(const float* ht, const I* il, const float* wl,
   for (int64_t v = 0; v < kVecs; ++v) acc[0][v] = POOCH_SPLAT(bias);
   for (int64_t k = 0; k < kAhead && k < fan_in; ++k)
     prefetch_row<W>(ht + int64_t{il[k]} * W, false);
-  for (int64_t k = 0; k < fan_in; ++k) {
+  // A step takes one k per chain (c a constant once unrolled, so acc stays
+  // in registers); the k past the last whole step go to chains 0, 1, ...
+  auto add = [&](int c, int64_t k) {
     if (k + kAhead < fan_in) prefetch_row<W>(ht + int64_t{il[k + kAhead]} * W, false);
     const Vec8* row = reinterpret_cast<const Vec8*>(ht + int64_t{il[k]} * W);
     const Vec8 wk = POOCH_SPLAT(wl[k]);
-    Vec8* a = acc[k % kChains];
-    for (int64_t v = 0; v < kVecs; ++v) a[v] += wk * row[v];
-  }
+    for (int64_t v = 0; v < kVecs; ++v) acc[c][v] += wk * row[v];
+  };
+  int64_t k = 0;
+  for (; k + kChains <= fan_in; k += kChains)
+    for (int c = 0; c < kChains; ++c) add(c, k + c);
+  for (int c = 0; k < fan_in; ++k, ++c) add(c, k);
   for (int c = 1; c < kChains; c *= 2)  // pairwise: chains 0+1, 2+3, then (0+1)+(2+3)
     for (int d = 0; d + c < kChains; d += 2 * c)
       for (int64_t v = 0; v < kVecs; ++v) acc[d][v] += acc[d + c][v];
