@@ -69,6 +69,7 @@ Command add_demo(CLI::App& app) {
   o->train.batch = 128;
   o->train.epochs = 5;
   o->train.lr = 8e-3f;
+  o->train.optimizer = "adam";
   // The demo shows the fixed fan-in head (fused with its loss): its own model
   // flags, not pooch-run train's defaults for bag-of-words data.
   o->model.hidden = 256;

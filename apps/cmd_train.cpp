@@ -26,17 +26,23 @@ struct TrainOpts {
   Output output{"train"};
 };
 
-// --ensemble, or where it is left to auto: kBowEnsemble members for the
-// models the tuning on Debtags chose it for (bag-of-words data, a model from
-// the flags with a dense output layer and no bottleneck), else one.
-int ensemble_members(const TrainOpts& o, const Data& data) {
-  if (o.train.ensemble > 0) return o.train.ensemble;
+// The models the tuning on Debtags was done for: bag-of-words data, a model
+// from the flags with a dense output layer and no bottleneck. They get its
+// ensemble and its optimizer (SGD) when those are left to auto.
+bool debtags_tuned(const TrainOpts& o, const Data& data) {
   const Shape a = shape_of(data.train.p);
   const bool small = static_cast<double>(a.features) * static_cast<double>(a.labels) <
                      static_cast<double>(kAutoDenseWeights);
   const bool dense_head = o.model.fan_in == 0 || (o.model.fan_in == ModelFlags::kAuto && small);
   const bool bow = data.train.p && !pooch_dataset_is_dense(data.train.p);
-  return o.model.spec.empty() && bow && dense_head && o.model.bottleneck == 0 ? kBowEnsemble : 1;
+  return o.model.spec.empty() && bow && dense_head && o.model.bottleneck == 0;
+}
+
+// --ensemble, or where it is left to auto: kBowEnsemble members for the
+// models tuned on Debtags, else one.
+int ensemble_members(const TrainOpts& o, const Data& data) {
+  if (o.train.ensemble > 0) return o.train.ensemble;
+  return debtags_tuned(o, data) ? kBowEnsemble : 1;
 }
 
 int run_train(TrainOpts& o) {
@@ -92,7 +98,7 @@ int run_train(TrainOpts& o) {
   if (int rc = propensity(o.train, "", &psp_a, &psp_b, out)) return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
-  o.train.resolve(true);  // bag-of-words data from here on
+  o.train.resolve(true, debtags_tuned(o, data));  // bag-of-words data from here on
   if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
   ModelHandle model;
   const bool resume = !o.train.resume.empty();

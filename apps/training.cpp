@@ -117,9 +117,11 @@ std::string resume_command(const std::string& ckpt) {
   return cmd + " --resume " + shell_quote(ckpt);
 }
 
-void TrainFlags::resolve(bool bow) {
-  if (epochs == kAuto) epochs = bow ? kBowEpochs : 10;
-  if (lr < 0) lr = bow ? kBowLr : 1e-3f;
+void TrainFlags::resolve(bool bow, bool sgd_by_default) {
+  if (optimizer == "auto") optimizer = bow && sgd_by_default ? "sgd" : "adam";
+  const bool sgd = optimizer == "sgd";
+  if (epochs == kAuto) epochs = bow ? (sgd ? kBowEpochs : kBowAdamEpochs) : 10;
+  if (lr < 0) lr = bow ? (sgd ? kBowLr : kBowAdamLr) : 1e-3f;
   if (lr_schedule == "auto") lr_schedule = bow ? "cosine" : "constant";
   if (lr_min_ratio < 0) lr_min_ratio = 0;
   if (plateau_patience == kAuto) plateau_patience = bow ? 0 : 2;
@@ -177,7 +179,8 @@ void add_model_flags(CLI::App* app, ModelFlags& f) {
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
   app->add_option("--epochs", f.epochs,
                   "Passes over the training set (default: " + std::to_string(kBowEpochs) +
-                      " for train on bag-of-words data, else 10)")
+                      " with SGD and " + std::to_string(kBowAdamEpochs) +
+                      " with Adam for train on bag-of-words data, else 10)")
       ->check(positive())
       ->default_str(f.epochs == TrainFlags::kAuto ? "auto" : std::to_string(f.epochs))
       ->group("Training");
@@ -187,13 +190,16 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
       ->check(batch_range())
       ->group("Training");
   app->add_option("--lr", f.lr,
-                  "Learning rate (the peak of the cosine schedule; default: 0.002 for "
-                  "train on bag-of-words data, else 0.001)")
+                  "Learning rate (the peak of the cosine schedule; default for train on "
+                  "bag-of-words data: 0.15 with SGD, 0.002 with Adam; else 0.001)")
       ->check(lr_range())
       ->default_str("auto")
       ->group("Training");
-  app->add_option("--optimizer", f.optimizer, "adam, adamw or sgd")
-      ->transform(one_of({"adam", "adamw", "sgd"}))
+  app->add_option("--optimizer", f.optimizer,
+                  "adam, adamw or sgd (with momentum 0.9); default: sgd for train on "
+                  "bag-of-words data with a model from the flags with a dense output layer "
+                  "(the ensemble's models), else adam")
+      ->transform(one_of({"auto", "adam", "adamw", "sgd"}))
       ->capture_default_str()
       ->group("Training");
   app->add_option("--weight-decay", f.weight_decay, "Weight decay (AdamW: decoupled)")
@@ -536,6 +542,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   if (const char* spec = pooch_model_spec_json(model))
     res["model_spec"] = Json::parse(spec, nullptr, false);
   res["propensity"] = {tidy(tp.psp_a), tidy(tp.psp_b)};
+  res["optimizer"] = {{"kind", f.optimizer}, {"lr", tidy(f.lr)}, {"epochs", f.epochs}};
 
   Progress progress(isatty(STDOUT_FILENO) != 0, f.epochs);
   RunState state;

@@ -598,10 +598,17 @@ expect ens-default-ffi 0 "$RUN" train --data data --epochs 1 --hidden 8 --fan-in
   --json "${T[@]}"
 if grep -q '"ensemble":' ens-default-ffi.out; then fail ens-default-ffi-one; else pass ens-default-ffi-one; fi
 [ -s ef.pooch.ckpt ] && pass ens-default-ffi-checkpoint || fail ens-default-ffi-checkpoint
-# The bag-of-words training defaults: 6 epochs, the cosine schedule down to 0.
+# The bag-of-words training defaults for a dense output layer: SGD from 0.15
+# over 10 epochs, the cosine schedule down to 0; with Adam, 0.002 over 6; a
+# fixed fan-in head trains with Adam.
 expect bow-defaults 0 "$RUN" train --data data --ensemble 1 --hidden 8 --out bd.pooch --json "${T[@]}"
-contains bow-defaults-epochs bow-defaults.out '"epoch":6,[^}]*"lr":0(\.0)?[,}]'
-if grep -q '"epoch":7,' bow-defaults.out; then fail bow-defaults-six; else pass bow-defaults-six; fi
+contains bow-defaults-sgd bow-defaults.out '"optimizer":{"kind":"sgd","lr":0.15,"epochs":10}'
+contains bow-defaults-epochs bow-defaults.out '"epoch":10,[^}]*"lr":0(\.0)?[,}]'
+if grep -q '"epoch":11,' bow-defaults.out; then fail bow-defaults-ten; else pass bow-defaults-ten; fi
+expect bow-defaults-adam 0 "$RUN" train --data data --ensemble 1 --hidden 8 --optimizer adam \
+  --out bda.pooch --json "${T[@]}"
+contains bow-defaults-adam-six bow-defaults-adam.out '"optimizer":{"kind":"adam","lr":0.002,"epochs":6}'
+contains bow-defaults-ffi-adam ens-default-ffi.out '"kind":"adam"'
 # The cosine schedule ends the run at --lr-min-ratio x --lr.
 expect cosine 0 "$RUN" train "${ENS[@]}" --ensemble 1 --lr 0.002 --lr-schedule cosine \
   --lr-min-ratio 0.25 --out cos.pooch --json "${T[@]}"
