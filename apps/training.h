@@ -39,10 +39,10 @@ inline constexpr int64_t kBowBatch = 32;  // rows per step of a model from flags
 // SGD with momentum 0.9, which beat Adam on the Debtags validation rows (P@1
 // 85.48 against 84.25, docs/BENCHMARKS.md, "Round 4"); with --optimizer adam
 // or adamw, Adam's own tuned rate and epochs.
-inline constexpr int kBowEnsemble = 3;       // members of pooch-run train's ensemble
-inline constexpr int kBowEpochs = 10;        // over which the cosine schedule decays (SGD)
-inline constexpr float kBowLr = 0.15f;       // the cosine schedule's peak (SGD)
-inline constexpr int kBowAdamEpochs = 6;     // the same for Adam
+inline constexpr int kBowEnsemble = 3;    // members of pooch-run train's ensemble
+inline constexpr int kBowEpochs = 10;     // over which the cosine schedule decays (SGD)
+inline constexpr float kBowLr = 0.15f;    // the cosine schedule's peak (SGD)
+inline constexpr int kBowAdamEpochs = 6;  // the same for Adam
 inline constexpr float kBowAdamLr = 2e-3f;
 // Below this many input x label weights (2^26: 256 MiB of f32, three times
 // that with Adam's moments) a set gets a dense output layer when the flags
