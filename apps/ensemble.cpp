@@ -74,6 +74,7 @@ int run_ensemble_training(const ModelFlags& mf, const TrainFlags& f, const Data&
   for (size_t i = 0; i < n; ++i) {
     TrainFlags tf = f;
     tf.seed = f.seed + i;
+    tf.eval_each_epoch = false;  // a member's figures matter once, before the merge
     std::printf("ensemble member %zu of %zu (seed %llu)\n", i + 1, n,
                 static_cast<unsigned long long>(tf.seed));
     ModelHandle model;

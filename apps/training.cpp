@@ -469,8 +469,7 @@ int propensity(const TrainFlags& f, const std::string& data_name, float* a, floa
 }
 
 int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output& out) {
-  const bool decides = f.plateau_patience > 0 || f.early_stop > 0;
-  if (!decides || fraction <= 0 || !data.train.p) return kOk;
+  if (!f.evaluation_decides() || fraction <= 0 || !data.train.p) return kOk;
   const Shape sh = shape_of(data.train.p);
   const int64_t held = std::max<int64_t>(1, std::llround(fraction * static_cast<double>(sh.rows)));
   if (held >= sh.rows)
@@ -553,18 +552,22 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   tp.on_epoch = on_epoch;
   tp.user = &state;
 
+  const pooch_dataset* epoch_eval =
+      data.valid.p ? data.valid.p
+                   : (f.eval_each_epoch || f.evaluation_decides() ? data.test.p : nullptr);
+
   const auto t0 = std::chrono::steady_clock::now();
   pooch_status st;
   {
     SigintGuard guard;
-    st = pooch_train(s.p, data.train.p, data.valid.p ? data.valid.p : data.test.p, &tp);
+    st = pooch_train(s.p, data.train.p, epoch_eval, &tp);
   }
   progress.clear();
   const double secs = seconds_since(t0);
   res["epochs"] = state.epochs;
   res["steps"] = state.steps;
   res["seconds"] = secs;
-  if (!state.epochs.empty() && state.epochs.back().contains("eval") && !data.valid.p)
+  if (!state.epochs.empty() && state.epochs.back().contains("eval") && epoch_eval == data.test.p)
     res["final"] = state.epochs.back()["eval"];
 
   if (st == POOCH_ERR_CANCELLED) {
@@ -587,7 +590,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     return out.fail(st, resume ? "training on " + data.train_source : std::string("training"));
   res["interrupted"] = false;
   std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
-  if (data.valid.p && data.test.p) {  // the epochs saw the held-out rows: the test set, once
+  if (data.test.p && epoch_eval != data.test.p) {  // the epochs did not see it: once, now
     pooch_metrics m{};
     if (pooch_status st2 = pooch_evaluate(s.p, data.test.p, data.train.p, tp.psp_a, tp.psp_b, &m))
       return out.fail(st2, "evaluating on " + data.test_source);

@@ -81,6 +81,13 @@ struct TrainFlags {
   bool force = false;  // --force: resume on data other than the checkpoint's
   std::string log;
   int64_t max_steps = 0;  // hidden: stop (as Ctrl-C does) after this many steps of the run
+  // Evaluate the test set after every epoch (not a flag: ensemble members
+  // clear it, as their per-epoch figures decide nothing unless
+  // reduce-on-plateau or early stopping reads them; the test set is then
+  // evaluated once, after the last epoch).
+  bool eval_each_epoch = true;
+  // Whether reduce-on-plateau or early stopping reads the per-epoch figures.
+  bool evaluation_decides() const { return plateau_patience > 0 || early_stop > 0; }
 
   // Fills in what was left to auto: the bag-of-words defaults (`bow`) or the
   // general ones; the optimizer is SGD on bag-of-words data where

@@ -572,6 +572,14 @@ expect ens-train 0 "$RUN" train "${ENS[@]}" --ensemble 2 --seed 5 --out ens.pooc
 contains ens-json ens-train.out '"ensemble":2'
 contains ens-width ens-train.out '"type":"linear","width":32'
 contains ens-members ens-train.out '"members":\[\{.*"seed":5.*"seed":6'
+# The members' per-epoch figures decide nothing here (no reduce-on-plateau, no
+# early stopping): each member is evaluated on the test set once, after its
+# last epoch, not after every epoch; then the merged model once.
+if json_last ens-train.out | grep -q '"eval":'; then
+  fail ens-members-no-epoch-eval
+else pass ens-members-no-epoch-eval; fi
+[ "$(json_last ens-train.out | grep -o '"final":' | wc -l)" = 3 ] && pass ens-members-final \
+  || fail ens-members-final
 expect ens-m5 0 "$RUN" train "${ENS[@]}" --ensemble 1 --seed 5 --out m5.pooch "${T[@]}"
 expect ens-m6 0 "$RUN" train "${ENS[@]}" --ensemble 1 --seed 6 --out m6.pooch "${T[@]}"
 for m in ens m5 m6; do
