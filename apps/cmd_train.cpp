@@ -38,13 +38,6 @@ bool debtags_tuned(const TrainOpts& o, const Data& data) {
   return o.model.spec.empty() && bow && dense_head && o.model.bottleneck == 0;
 }
 
-// --ensemble, or where it is left to auto: kBowEnsemble members for the
-// models tuned on Debtags, else one.
-int ensemble_members(const TrainOpts& o, const Data& data) {
-  if (o.train.ensemble > 0) return o.train.ensemble;
-  return debtags_tuned(o, data) ? kBowEnsemble : 1;
-}
-
 int run_train(TrainOpts& o) {
   Output& out = o.output;
   if (o.dense.targets.empty() && (!o.train.resume.empty() || !o.model.spec.empty())) {
@@ -98,7 +91,8 @@ int run_train(TrainOpts& o) {
   if (int rc = propensity(o.train, "", &psp_a, &psp_b, out)) return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
-  o.train.resolve(true, debtags_tuned(o, data));  // bag-of-words data from here on
+  const bool tuned = debtags_tuned(o, data);
+  o.train.resolve(true, tuned);  // bag-of-words data from here on
   if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
   ModelHandle model;
   const bool resume = !o.train.resume.empty();
@@ -113,7 +107,9 @@ int run_train(TrainOpts& o) {
     std::printf("resuming from %s\n", o.train.resume.c_str());
     out.result()["resumed_from"] = o.train.resume;
   } else {
-    const int members = ensemble_members(o, data);
+    // --ensemble, or where it is left to auto: kBowEnsemble members for the
+    // models tuned on Debtags, else one.
+    const int members = o.train.ensemble > 0 ? o.train.ensemble : (tuned ? kBowEnsemble : 1);
     if (members > 1) return run_ensemble_training(o.model, o.train, data, o.device, members, out);
     if (int rc =
             make_model(o.model, o.train, data.train.p, data.test.p, model, out, data.train_source))

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "../common/supports.h"
 #include "cpu_kernels.h"
@@ -259,21 +260,28 @@ POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* w
   }
 }
 
+// Calls f(std::integral_constant<int64_t, W>{}) with W the call's row-block
+// width: the tiles take it as a template argument (see Vec8 above).
+template <class F>
+void at_width(int64_t bw, F&& f) {
+  switch (bw) {
+    case 16:
+      return f(std::integral_constant<int64_t, 16>{});
+    case 32:
+      return f(std::integral_constant<int64_t, 32>{});
+    case 64:
+      return f(std::integral_constant<int64_t, 64>{});
+    default:
+      return f(std::integral_constant<int64_t, kMaxWidth>{});
+  }
+}
+
 // Label l's logits over block b (ht: the block's [H][bw]), at the call's width.
 template <class I>
 void logits(const Layer<I>& y, const float* ht, int64_t l, float* z) {
   const I* il = y.index + l * y.fan_in;
   const float* wl = y.w + l * y.fan_in;
-  switch (y.bw) {
-    case 16:
-      return logits_tile<16>(ht, il, wl, y.fan_in, y.bias[l], z);
-    case 32:
-      return logits_tile<32>(ht, il, wl, y.fan_in, y.bias[l], z);
-    case 64:
-      return logits_tile<64>(ht, il, wl, y.fan_in, y.bias[l], z);
-    default:
-      return logits_tile<kMaxWidth>(ht, il, wl, y.fan_in, y.bias[l], z);
-  }
+  at_width(y.bw, [&](auto w) { logits_tile<w.value>(ht, il, wl, y.fan_in, y.bias[l], z); });
 }
 
 // backward_tile for label l, at the call's width.
@@ -283,16 +291,9 @@ void backward(const Layer<I>& y, const float* ht, int64_t l, const float* g, boo
   const I* il = y.index + l * y.fan_in;
   const float* wl = y.w + l * y.fan_in;
   float* dwl = dw + l * y.fan_in;
-  switch (y.bw) {
-    case 16:
-      return backward_tile<16>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
-    case 32:
-      return backward_tile<32>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
-    case 64:
-      return backward_tile<64>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
-    default:
-      return backward_tile<kMaxWidth>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
-  }
+  at_width(y.bw, [&](auto w) {
+    backward_tile<w.value>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
+  });
 }
 
 // Loss terms of a tile with every target 0, rows [0, n) only (the rest are padding).
