@@ -175,6 +175,9 @@ typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
 
 // The rows sit at random places (the index is random): fetching the row of a
 // later k while this one is summed hides part of the cache-miss latency.
+// Measured (pooch-bench-ffi --form fused --steps 5, B=128, H=4096, L=670 091,
+// K=32, 2 threads, alternated twice): 1.17 and 1.15 s a step with it, 1.48
+// and 1.28 s without. At H=512 (hT in L2) it is within the noise.
 constexpr int64_t kAhead = 4;
 template <int64_t W>
 inline void prefetch_row(const float* row, bool write) {
