@@ -96,7 +96,8 @@ int run_finetune(FinetuneOpts& o) {
                                 " is of family " + pooch_model_family(model.p));
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
-  o.train.resolve(false);
+  const Shape shape = shape_of(data.train.p);
+  o.train.resolve(false, false, auto_fan_in_head(shape.features, shape.labels));
   if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
   if (!resume) {
     const SpecShape spec = spec_shape(model.p);

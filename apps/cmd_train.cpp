@@ -31,8 +31,7 @@ struct TrainOpts {
 // ensemble and its optimizer (SGD) when those are left to auto.
 bool debtags_tuned(const TrainOpts& o, const Data& data) {
   const Shape a = shape_of(data.train.p);
-  const bool small = static_cast<double>(a.features) * static_cast<double>(a.labels) <
-                     static_cast<double>(kAutoDenseWeights);
+  const bool small = !auto_fan_in_head(a.features, a.labels);
   const bool dense_head = o.model.fan_in == 0 || (o.model.fan_in == ModelFlags::kAuto && small);
   const bool bow = data.train.p && !pooch_dataset_is_dense(data.train.p);
   return o.model.spec.empty() && bow && dense_head && o.model.bottleneck == 0;
@@ -92,7 +91,8 @@ int run_train(TrainOpts& o) {
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
   const bool tuned = debtags_tuned(o, data);
-  o.train.resolve(true, tuned);  // bag-of-words data from here on
+  const Shape shape = shape_of(data.train.p);
+  o.train.resolve(true, tuned, auto_fan_in_head(shape.features, shape.labels));  // bag-of-words
   if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
   ModelHandle model;
   const bool resume = !o.train.resume.empty();

@@ -537,12 +537,7 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
   pooch_session_default_params(&sp);
   std::string err;
   if (!apply_device_flags(dev, &sp, &err)) return out.fail(kUsage, err);
-  sp.optimizer = tf.optimizer == "adamw" ? POOCH_OPT_ADAMW
-                 : tf.optimizer == "sgd" ? POOCH_OPT_SGD
-                                         : POOCH_OPT_ADAM;
-  sp.learning_rate = tf.lr;
-  sp.weight_decay = tf.weight_decay;
-  sp.clip_norm = tf.clip_norm < 0 ? 0.0f : tf.clip_norm;
+  apply_optimizer_flags(tf, tf.optimizer, &sp);
   sp.resume = 0;
 
   LogFile log_file;

@@ -186,10 +186,7 @@ int run_lm_training(pooch_model* model, bool resume, const std::string& data, co
   if (!apply_device_flags(dev, &sp, &err)) return out.fail(kUsage, err);
   // GPT-2 trains with AdamW; --optimizer given chooses another.
   const std::string opt = given(app, "--optimizer") ? f.optimizer : "adamw";
-  sp.optimizer = opt == "adamw" ? POOCH_OPT_ADAMW : opt == "sgd" ? POOCH_OPT_SGD : POOCH_OPT_ADAM;
-  sp.learning_rate = f.lr;
-  sp.weight_decay = f.weight_decay;
-  sp.clip_norm = f.clip_norm;
+  apply_optimizer_flags(f, opt, &sp);
   sp.resume = resume ? 1 : 0;
 
   pooch_lm_params lp;

@@ -117,9 +117,15 @@ std::string resume_command(const std::string& ckpt) {
   return cmd + " --resume " + shell_quote(ckpt);
 }
 
-void TrainFlags::resolve(bool bow, bool sgd_by_default) {
+bool auto_fan_in_head(int64_t features, int64_t labels) {
+  return static_cast<double>(features) * static_cast<double>(labels) >=
+         static_cast<double>(kAutoDenseWeights);
+}
+
+void TrainFlags::resolve(bool bow, bool sgd_by_default, bool many_labels) {
   if (optimizer == "auto") optimizer = bow && sgd_by_default ? "sgd" : "adam";
   const bool sgd = optimizer == "sgd";
+  if (adam_eps < 0) adam_eps = many_labels ? kManyLabelsAdamEps : kAdamEps;
   if (epochs == kAuto) epochs = bow ? (sgd ? kBowEpochs : kBowAdamEpochs) : 10;
   if (lr < 0) lr = bow ? (sgd ? kBowLr : kBowAdamLr) : 1e-3f;
   if (lr_schedule == "auto") lr_schedule = bow ? "cosine" : "constant";
@@ -127,6 +133,16 @@ void TrainFlags::resolve(bool bow, bool sgd_by_default) {
   if (plateau_patience == kAuto) plateau_patience = bow ? 0 : 2;
   if (early_stop == kAuto) early_stop = bow ? 0 : 4;
   if (clip_norm < 0) clip_norm = 0;
+}
+
+void apply_optimizer_flags(const TrainFlags& f, const std::string& kind, pooch_session_params* sp) {
+  sp->optimizer = kind == "adamw" ? POOCH_OPT_ADAMW
+                  : kind == "sgd" ? POOCH_OPT_SGD
+                                  : POOCH_OPT_ADAM;
+  sp->learning_rate = f.lr;
+  sp->eps = f.adam_eps;
+  sp->weight_decay = f.weight_decay;
+  sp->clip_norm = f.clip_norm < 0 ? 0.0f : f.clip_norm;
 }
 
 void TrainFlags::resolve_gpt() {
@@ -201,6 +217,13 @@ void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output) {
                   "(the ensemble's models), else adam")
       ->transform(one_of({"auto", "adam", "adamw", "sgd"}))
       ->capture_default_str()
+      ->group("Training");
+  app->add_option("--adam-eps", f.adam_eps,
+                  "Adam's epsilon (default: 1e-4 for train and finetune on data with more input x "
+                  "label weights than a dense output layer gets, where the smaller default let "
+                  "every label's logit slide down; else 1e-8)")
+      ->check(in_range(0, 1, false, true))
+      ->default_str("auto")
       ->group("Training");
   app->add_option("--weight-decay", f.weight_decay, "Weight decay (AdamW: decoupled)")
       ->check(in_range(0, kMaxWeightDecay, false))
@@ -418,8 +441,7 @@ int make_model(const ModelFlags& mf, const TrainFlags& tf, const pooch_dataset* 
     if (dropout > 0) layers.push_back({{"type", "dropout"}, {"p", dropout}});
     // Left to auto: a dense head where input width x labels is small enough,
     // else a fixed fan-in head.
-    const bool small = static_cast<double>(features) * static_cast<double>(labels) <
-                       static_cast<double>(kAutoDenseWeights);
+    const bool small = !auto_fan_in_head(features, labels);
     const int64_t fan_in = mf.fan_in != ModelFlags::kAuto ? mf.fan_in
                            : small                        ? 0
                                                           : std::min<int64_t>(32, hidden);
@@ -504,12 +526,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   pooch_session_default_params(&sp);
   std::string err;
   if (!apply_device_flags(dev, &sp, &err)) return out.fail(kUsage, err);
-  sp.optimizer = f.optimizer == "adamw" ? POOCH_OPT_ADAMW
-                 : f.optimizer == "sgd" ? POOCH_OPT_SGD
-                                        : POOCH_OPT_ADAM;
-  sp.learning_rate = f.lr;
-  sp.weight_decay = f.weight_decay;
-  sp.clip_norm = f.clip_norm < 0 ? 0.0f : f.clip_norm;
+  apply_optimizer_flags(f, f.optimizer, &sp);
   sp.resume = resume ? 1 : 0;
 
   pooch_train_params tp;
@@ -542,6 +559,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     res["model_spec"] = Json::parse(spec, nullptr, false);
   res["propensity"] = {tidy(tp.psp_a), tidy(tp.psp_b)};
   res["optimizer"] = {{"kind", f.optimizer}, {"lr", tidy(f.lr)}, {"epochs", f.epochs}};
+  if (f.optimizer != "sgd") res["optimizer"]["eps"] = tidy(f.adam_eps);
 
   Progress progress(isatty(STDOUT_FILENO) != 0, f.epochs);
   RunState state;

@@ -50,6 +50,20 @@ inline constexpr float kBowAdamLr = 2e-3f;
 // that with Adam's moments) a set gets a dense output layer when the flags
 // leave it to auto; above it, a fixed fan-in head of 32 inputs per label.
 inline constexpr int64_t kAutoDenseWeights = int64_t{1} << 26;
+// Whether a set of this shape is one kAutoDenseWeights gives a fixed fan-in
+// head: the large label spaces.
+bool auto_fan_in_head(int64_t features, int64_t labels);
+// Adam's epsilon for training on those large label spaces.
+// With BCE every absent label's logit gets a gradient of about 1/(labels x
+// batch) at every step; against Adam's usual 1e-8 that tiny but steady pull
+// is normalised into full-size steps, so every label's bias and weights
+// slide down and the rare positives cannot hold them up (on the full-size
+// Amazon-670K shape the loss rose for a whole epoch). An epsilon well above
+// those gradients lets only the positives' gradients take Adam's
+// normalised steps (docs/BENCHMARKS.md, "Adam's epsilon on large label
+// spaces").
+inline constexpr float kManyLabelsAdamEps = 1e-4f;
+inline constexpr float kAdamEps = 1e-8f;  // everywhere else (Adam's own default)
 void add_model_flags(CLI::App* app, ModelFlags& f);
 
 // Flags left at kAuto ("auto") take the defaults of the data they train on
@@ -68,7 +82,8 @@ struct TrainFlags {
   int64_t warmup_steps = 0;
   std::string lr_schedule = "auto";  // constant or cosine (over the run's steps)
   double lr_min_ratio = kAuto;       // where cosine ends, as a share of --lr
-  int ensemble = 0;  // --ensemble: models averaged into one (0: by the model family)
+  int ensemble = 0;        // --ensemble: models averaged into one (0: by the model family)
+  float adam_eps = kAuto;  // --adam-eps
   int64_t rewire_every = 0;
   double rewire_fraction = 0.1;
   int plateau_patience = kAuto;
@@ -93,14 +108,19 @@ struct TrainFlags {
 
   // Fills in what was left to auto: the bag-of-words defaults (`bow`) or the
   // general ones; the optimizer is SGD on bag-of-words data where
-  // `sgd_by_default` (the models tuned on Debtags), else Adam. Idempotent;
-  // run_training resolves what is left with bow false.
-  void resolve(bool bow, bool sgd_by_default = false);
+  // `sgd_by_default` (the models tuned on Debtags), else Adam, whose epsilon
+  // is kManyLabelsAdamEps for data with `many_labels` (auto_fan_in_head:
+  // train and finetune on a large label space). Idempotent; run_training
+  // resolves what is left with bow false.
+  void resolve(bool bow, bool sgd_by_default = false, bool many_labels = false);
   // The same for a gpt model: a cosine schedule down to 0.1 of --lr and
   // gradients clipped to norm 1 (GPT-2's recipe, as nanoGPT and llm.c), then
   // the general defaults.
   void resolve_gpt();
 };
+// The resolved optimizer flags (--lr, --adam-eps, --weight-decay,
+// --clip-norm) into session parameters; `kind` is adam, adamw or sgd.
+void apply_optimizer_flags(const TrainFlags& f, const std::string& kind, pooch_session_params* sp);
 // `with_output`: --out/--checkpoint/--resume/--log (not for demo).
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output);
 

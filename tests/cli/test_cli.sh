@@ -615,8 +615,23 @@ contains bow-defaults-epochs bow-defaults.out '"epoch":10,[^}]*"lr":0(\.0)?[,}]'
 if grep -q '"epoch":11,' bow-defaults.out; then fail bow-defaults-ten; else pass bow-defaults-ten; fi
 expect bow-defaults-adam 0 "$RUN" train --data data --ensemble 1 --hidden 8 --optimizer adam \
   --out bda.pooch --json "${T[@]}"
-contains bow-defaults-adam-six bow-defaults-adam.out '"optimizer":{"kind":"adam","lr":0.002,"epochs":6}'
+contains bow-defaults-adam-six bow-defaults-adam.out '"optimizer":\{"kind":"adam","lr":0.002,"epochs":6,"eps":1e-08\}'
 contains bow-defaults-ffi-adam ens-default-ffi.out '"kind":"adam"'
+# A large label space (more input x label weights than a dense output layer
+# gets, so the fixed fan-in head) trains Adam with epsilon 1e-4: with 1e-8
+# every absent label's tiny, steady gradient took full-size steps and the
+# logits slid down (the full-size Amazon-670K shape). --adam-eps sets it.
+printf '4 10000 10000\n1 2:1\n9999 9999:1\n5,7 3:0.5 4:0.5\n0 1:1\n' > wide.txt
+expect adam-eps-wide 0 "$RUN" train --train wide.txt --epochs 1 --hidden 8 --out aw.pooch --json "${T[@]}"
+contains adam-eps-wide-auto adam-eps-wide.out '"optimizer":\{"kind":"adam","lr":0.002,"epochs":1,"eps":0.0001\}'
+expect adam-eps-flag 0 "$RUN" train --train wide.txt --epochs 1 --hidden 8 --adam-eps 1e-6 \
+  --out aw.pooch --json "${T[@]}"
+contains adam-eps-flag-json adam-eps-flag.out '"optimizer":\{"kind":"adam","lr":0.002,"epochs":1,"eps":1e-06\}'
+expect adam-eps-finetune 0 "$RUN" finetune --model aw.pooch --train wide.txt --epochs 1 \
+  --out awf.pooch --json "${T[@]}"
+contains adam-eps-finetune-auto adam-eps-finetune.out '"optimizer":\{"kind":"adam","lr":0.001,"epochs":1,"eps":0.0001\}'
+expect range-adam-eps 2 "$RUN" train --train wide.txt --adam-eps 0 --out r.pooch "${T[@]}"
+contains range-adam-eps-message range-adam-eps.err '^pooch-run: --adam-eps: 0 is out of range: use a number above 0 and at most 1'
 # The cosine schedule ends the run at --lr-min-ratio x --lr.
 expect cosine 0 "$RUN" train "${ENS[@]}" --ensemble 1 --lr 0.002 --lr-schedule cosine \
   --lr-min-ratio 0.25 --out cos.pooch --json "${T[@]}"
