@@ -9,7 +9,6 @@
 
 #include "commands.h"
 #include "dense.h"
-#include "lm_training.h"
 #include "plan_svg.h"
 #include "training.h"
 
@@ -51,7 +50,7 @@ std::string fmt_double(const char* f, double x) {
   return buf;
 }
 
-// The model of --model (with --batch) or --spec (complete: input width and labels).
+// The model of --model (with --batch) or --spec (an xmc one with its input width and labels).
 int model_from_flags(const std::string& path, const ModelFlags& mf, const TrainFlags& tf,
                      ModelHandle& model, Output& out) {
   if (path.empty() == mf.spec.empty())
@@ -64,10 +63,15 @@ int model_from_flags(const std::string& path, const ModelFlags& mf, const TrainF
         return out.fail(st, "--batch");
     return kOk;
   }
-  // A gpt spec is complete as it is (no data to take a width from).
+  // gpt, mlp, resnet and vgg specs are complete as they are; an xmc spec is
+  // filled in as train fills it (there is no data here: it must give its
+  // input width and labels).
   std::string text;
-  if (read_spec_file(mf.spec, &text) && spec_is_gpt(text))
-    return make_gpt_model(text, mf.spec, tf, LmFlags{}, model, out);
+  if (read_spec_file(mf.spec, &text)) {
+    const std::string family = spec_family(text);
+    if (!family.empty() && family != "xmc")
+      return make_complete_model(text, mf.spec, tf, model, out);
+  }
   return make_model(mf, tf, nullptr, nullptr, model, out, "the spec");
 }
 
@@ -326,7 +330,7 @@ Command add_plan(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "plan", "Show how a model's train step fits a device budget (no training)");
   c->add_option("--model", o->model, "Model or checkpoint")->type_name("M.pooch");
-  c->add_option("--spec", o->mf.spec, "Model spec (with its input width and labels)")
+  c->add_option("--spec", o->mf.spec, "Model spec (an xmc spec with its input width and labels)")
       ->type_name("S.json");
   c->add_option("--batch", o->tf.batch, "Rows per step (default: the model's)")
       ->check(batch_range());

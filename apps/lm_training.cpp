@@ -122,21 +122,14 @@ void add_lm_flags(CLI::App* app, LmFlags& f) {
 }
 
 bool spec_is_gpt(const std::string& spec_text) {
-  const Json j = Json::parse(spec_text, nullptr, false);
-  return j.is_object() && j.contains("family") && j["family"] == "gpt";
+  return spec_family(spec_text) == "gpt";
 }
 
 int make_gpt_model(const std::string& spec_text, const std::string& spec_path, const TrainFlags& tf,
                    const LmFlags& lf, ModelHandle& model, Output& out) {
-  Json j = Json::parse(spec_text, nullptr, false);
-  if (!j.is_object()) return out.fail(kBadInput, "--spec " + spec_path + ": not a JSON object");
-  if (lf.bytes && !j.contains("vocab_size")) j["vocab_size"] = 256;
-  if (tf.batch > 0) j["batch"] = tf.batch;
-  if (tf.seed_option && tf.seed_option->count() > 0) j["seed"] = tf.seed;
-  const std::string text = j.dump();
-  if (pooch_status st = pooch_model_create_from_spec(text.c_str(), spec_path.c_str(), &model.p))
-    return out.fail(st, "--spec " + spec_path);
-  return kOk;
+  return make_complete_model(spec_text, spec_path, tf, model, out, [&](Json& j) {
+    if (lf.bytes && !j.contains("vocab_size")) j["vocab_size"] = 256;
+  });
 }
 
 int run_lm_training(pooch_model* model, bool resume, const std::string& data, const LmFlags& lf,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -99,6 +100,35 @@ void log_line(FILE* log, const Json& j) {
 
 bool read_spec_file(const std::string& path, std::string* text) {
   return read_file_limited(path, text);
+}
+
+std::string spec_family(const std::string& spec_text) {
+  const Json j = Json::parse(spec_text, nullptr, false);
+  if (!j.is_object()) return {};
+  if (!j.contains("family") || !j["family"].is_string()) return "xmc";
+  std::string f = j["family"].get<std::string>();
+  // As the library reads it: without regard to case.
+  for (char& c : f) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return f;
+}
+
+int make_complete_model(const std::string& spec_text, const std::string& spec_path,
+                        const TrainFlags& tf, ModelHandle& model, Output& out,
+                        const std::function<void(Json&)>& fill) {
+  // The spec is written out again below, which would keep only the last of
+  // a repeated key: the library refuses those, so look now.
+  if (const std::string key = repeated_key(spec_text); !key.empty())
+    return out.fail(kBadInput, spec_path + ": the key \"" + key +
+                                   "\" appears twice in one object; give each field once");
+  Json j = Json::parse(spec_text, nullptr, false);
+  if (!j.is_object()) return out.fail(kBadInput, "--spec " + spec_path + ": not a JSON object");
+  if (fill) fill(j);
+  if (tf.batch > 0) j["batch"] = tf.batch;
+  if (tf.seed_option && tf.seed_option->count() > 0) j["seed"] = tf.seed;
+  const std::string text = j.dump();
+  if (pooch_status st = pooch_model_create_from_spec(text.c_str(), spec_path.c_str(), &model.p))
+    return out.fail(st, "--spec " + spec_path);
+  return kOk;
 }
 
 std::string resume_command(const std::string& ckpt) {

@@ -180,6 +180,17 @@ void log_line(FILE* log, const Json& j);
 // A spec file's text (at most 16 MiB); false when it cannot be read or is larger.
 bool read_spec_file(const std::string& path, std::string* text);
 
+// A spec's family in lower case: "xmc" when it names none, "" when the text
+// is not a JSON object.
+std::string spec_family(const std::string& spec_text);
+
+// A model from a spec that is complete as it is (gpt, mlp, resnet, vgg: no
+// data set gives it a width or a label count), after `fill` (may be empty)
+// and with --batch and --seed applied. Exit code.
+int make_complete_model(const std::string& spec_text, const std::string& spec_path,
+                        const TrainFlags& tf, ModelHandle& model, Output& out,
+                        const std::function<void(Json&)>& fill = {});
+
 // The command line as typed without --resume and --max-steps, then
 // "--resume CKPT": what continues an interrupted run.
 std::string resume_command(const std::string& ckpt);

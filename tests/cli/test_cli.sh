@@ -248,6 +248,27 @@ sed 's/"link_latency": 10e-6/"link_latency": -1/' "$MACHINES/gtx1650.json" > neg
 expect plan-machine-negative 2 "$RUN" plan --model incore.pooch --machine negative.json "${T[@]}"
 contains plan-machine-negative-names plan-machine-negative.err "negative.json: field 'link_latency' is -1"
 expect plan-machine-absent 2 "$RUN" plan --model incore.pooch --machine no-such.json "${T[@]}"
+# mlp and CNN specs are complete as they are: plan takes them without data
+# (it once added an xmc "labels" field, which they refuse).
+cat > plan-mlp.json <<'JSON'
+{"family": "MLP", "input": {"width": 64}, "outputs": 10, "loss": "softmax",
+ "layers": [{"type": "linear", "width": 128, "activation": "relu"},
+            {"type": "linear", "width": 128, "activation": "relu"}, {"type": "dense"}]}
+JSON
+expect plan-spec-mlp 0 "$RUN" plan --spec plan-mlp.json --batch 32 --machine "$MACHINES/gtx1650.json" \
+  --json "${T[@]}"
+contains plan-spec-mlp-family plan-spec-mlp.out '^plan of a train step of plan-mlp.json \(mlp,'
+contains plan-spec-mlp-fits plan-spec-mlp.out '"fits":true'
+cat > plan-resnet.json <<'JSON'
+{"family": "resnet", "depth": 18, "width": 2, "input": {"channels": 3, "height": 16, "width": 16},
+ "classes": 5, "batch": 4}
+JSON
+expect plan-spec-resnet 0 "$RUN" plan --spec plan-resnet.json --device-memory 64M "${T[@]}"
+contains plan-spec-resnet-family plan-spec-resnet.out '^plan of a train step of plan-resnet.json \(resnet,'
+printf '{"family": "mlp", "outputs": 2, "outputs": 3, "input": {"width": 4}, "layers": []}' \
+  > plan-mlp-twice.json
+expect plan-spec-repeated 2 "$RUN" plan --spec plan-mlp-twice.json "${T[@]}"
+contains plan-spec-repeated-names plan-spec-repeated.err 'the key "outputs" appears twice'
 expect profile 0 "$RUN" profile --model incore.pooch --data data --json "${T[@]}"
 contains profile-header profile.out '^  op +calls +ms +GFLOP/s'
 contains profile-linear profile.out '^  [a-z_]*linear +[0-9]+ +[0-9.]+ '

@@ -110,6 +110,12 @@ contains err-clip-negative-msg err-clip-negative.err "clip-norm"
 # plan takes a gpt spec as it is (it once added an XMC input width to it).
 expect plan-gpt-spec 0 "$RUN" plan --spec tiny.json --threads 2
 contains plan-gpt-spec-msg plan-gpt-spec.out "plan of a train step of tiny.json \(gpt"
+# A key given twice is refused, not silently the last one (a gpt spec is
+# written out again with --batch applied, which would keep only one).
+sed 's/^{/{"n_layer": 1, /' tiny.json > twice.json
+expect err-gpt-spec-twice 2 "$RUN" train --data genesis.txt --spec twice.json --bytes --steps 1 \
+  --out twice.pooch --threads 2
+contains err-gpt-spec-twice-msg err-gpt-spec-twice.err 'the key "n_layer" appears twice'
 
 # --- LoRA: adapters train, the base stays; merge-lora folds them in ---------
 LORA=(finetune --model full.pooch --data genesis.txt --bytes --steps 20 --lr 1e-2 --lora-rank 4
