@@ -28,9 +28,9 @@ struct TrainOpts {
 
 // The models the tuning on Debtags was done for: bag-of-words data, a model
 // from the flags with a dense output layer and no bottleneck. They get its
-// ensemble and its optimizer (SGD) when those are left to auto.
-bool debtags_tuned(const TrainOpts& o, const Data& data) {
-  const Shape a = shape_of(data.train.p);
+// ensemble and its optimizer (SGD) when those are left to auto. `a`: the
+// training set's shape.
+bool debtags_tuned(const TrainOpts& o, const Data& data, const Shape& a) {
   const bool small = !auto_fan_in_head(a.features, a.labels);
   const bool dense_head = o.model.fan_in == 0 || (o.model.fan_in == ModelFlags::kAuto && small);
   const bool bow = data.train.p && !pooch_dataset_is_dense(data.train.p);
@@ -90,8 +90,8 @@ int run_train(TrainOpts& o) {
   if (int rc = propensity(o.train, "", &psp_a, &psp_b, out)) return rc;
   Data data;
   if (int rc = load_data(o.data, DataUse::train, data, out)) return rc;
-  const bool tuned = debtags_tuned(o, data);
   const Shape shape = shape_of(data.train.p);
+  const bool tuned = debtags_tuned(o, data, shape);
   o.train.resolve(true, tuned, auto_fan_in_head(shape.features, shape.labels));  // bag-of-words
   if (int rc = hold_out_validation(o.train, o.dense.valid_fraction, data, out)) return rc;
   ModelHandle model;
