@@ -93,6 +93,7 @@ class ScheduleBuilder {
     make_launches();
     place_on_device();
     place_on_host();
+    collect_traffic();
     emit_steps();
     return std::move(s);
   }
@@ -143,6 +144,9 @@ class ScheduleBuilder {
   size_t base = 0;              // the transient region's start in the arena
   std::vector<size_t> host_slot, host_copy, host_out;
 
+  // ---- stage 7
+  std::vector<std::vector<Traffic>> before_slot, after_slot;  // per slot
+
   const Node& node_at(int p) const {
     return nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
   }
@@ -185,6 +189,19 @@ class ScheduleBuilder {
   size_t offset_of(const Interval& iv) const {
     return base + s.transient.offsets[static_cast<size_t>(iv.request)];
   }
+  // Stream `waiter` waits until `signaller` has reached this point.
+  void sync(Stream signaller, Stream waiter) {
+    const int e = s.add_event();
+    s.steps.push_back({StepKind::record, signaller, e});
+    s.steps.push_back({StepKind::wait, waiter, e});
+  }
+  // A copy on `stream`, and the event its end records.
+  int copy(StepKind kind, Stream stream, ScheduledCopy c) {
+    s.add_copy(kind, stream, c);
+    const int e = s.add_event();
+    s.steps.push_back({StepKind::record, stream, e});
+    return e;
+  }
 
   void learn_facts();
   void place_host_nodes();
@@ -200,6 +217,7 @@ class ScheduleBuilder {
   void make_launches();
   void place_on_device();
   void place_on_host();
+  void collect_traffic();
   void emit_steps();
 };
 
@@ -759,22 +777,11 @@ void ScheduleBuilder::place_on_host() {
   }
 }
 
-// Steps: inputs in; per slot, the swap and prefetch traffic around its
-// launch; outputs back.
-void ScheduleBuilder::emit_steps() {
-  for (TensorId t : s.copied_in)
-    s.add_copy(StepKind::copy_in, Stream::h2d,
-               {t, offset_of(A[static_cast<size_t>(t)]), layout.host_offset[static_cast<size_t>(t)],
-                g.tensor(t).bytes()});
-  if (!s.copied_in.empty()) {
-    const int e = s.add_event();
-    s.steps.push_back({StepKind::record, Stream::h2d, e});
-    s.steps.push_back({StepKind::wait, Stream::compute, e});
-  }
-  // Per slot, the copies around its launch, in tensor order, so plans stay
-  // deterministic; one pass over the tensors instead of one per slot.
-  std::vector<std::vector<Traffic>> before_slot(static_cast<size_t>(n_slots)),
-      after_slot(static_cast<size_t>(n_slots));
+// Per slot, the copies around its launch, in tensor order, so plans stay
+// deterministic; one pass over the tensors instead of one per slot.
+void ScheduleBuilder::collect_traffic() {
+  before_slot.assign(static_cast<size_t>(n_slots), {});
+  after_slot.assign(static_cast<size_t>(n_slots), {});
   auto at = [&](std::vector<std::vector<Traffic>>& v, int sl, Traffic x) {
     if (sl < 0 || sl >= n_slots) return;
     auto& l = v[static_cast<size_t>(sl)];
@@ -799,6 +806,16 @@ void ScheduleBuilder::emit_steps() {
         if (G.written) at(after_slot, G.last_use, {t, gi});
       }
   }
+}
+
+// Steps: inputs in; per slot, the swap, paging and host traffic around its
+// launch; outputs back.
+void ScheduleBuilder::emit_steps() {
+  for (TensorId t : s.copied_in)
+    s.add_copy(StepKind::copy_in, Stream::h2d,
+               {t, offset_of(A[static_cast<size_t>(t)]), layout.host_offset[static_cast<size_t>(t)],
+                g.tensor(t).bytes()});
+  if (!s.copied_in.empty()) sync(Stream::h2d, Stream::compute);
   std::vector<int> out_done(n_t, -1), in_done(n_t, -1), host_copy_done(n_t, -1);
   std::vector<int> host_done(static_cast<size_t>(n_slots), -1);  // a host launch's end
   std::vector<int> paged_out_done(pg.empty() ? 0 : 3 * n_t, -1),
@@ -822,35 +839,24 @@ void ScheduleBuilder::emit_steps() {
       if (x.group == kHostOut && host_out_at[t] + 1 == sl) {
         // Made on the host: in once the host kernel is done and its landing
         // region is free.
-        const int free = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::compute, free});
-        s.steps.push_back({StepKind::wait, Stream::h2d, free});
+        sync(Stream::compute, Stream::h2d);
         s.steps.push_back({StepKind::wait, Stream::h2d, host_done[host_out_at[t]]});
-        s.add_copy(StepKind::copy_in, Stream::h2d,
-                   {static_cast<TensorId>(t), offset_of(A[t]), host_out[t], bytes_of(t)});
-        in_done[t] = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::h2d, in_done[t]});
+        in_done[t] = copy(StepKind::copy_in, Stream::h2d,
+                          {static_cast<TensorId>(t), offset_of(A[t]), host_out[t], bytes_of(t)});
         continue;
       }
       const bool swap_in = x.group == kSwap && prefetch[t] == sl;
       const bool page_in = x.group >= 0 && pg[t][static_cast<size_t>(x.group)].page_in == sl;
       if (!swap_in && !page_in) continue;
-      const int free = s.add_event();
-      s.steps.push_back({StepKind::record, Stream::compute, free});
-      s.steps.push_back({StepKind::wait, Stream::h2d, free});
-      if (swap_in) {
-        s.add_copy(StepKind::copy_in, Stream::h2d,
-                   {static_cast<TensorId>(t), offset_of(B[t]), host_slot[t], bytes_of(t)});
-        in_done[t] = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::h2d, in_done[t]});
-      } else {
-        const size_t k = 3 * t + static_cast<size_t>(x.group);
-        s.add_copy(StepKind::copy_in, Stream::h2d,
-                   {static_cast<TensorId>(t), offset_of(group_interval(t, x.group)),
-                    layout.home_offset[t], bytes_of(t)});
-        paged_in_done[k] = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::h2d, paged_in_done[k]});
-      }
+      sync(Stream::compute, Stream::h2d);  // the landing region is free
+      if (swap_in)
+        in_done[t] = copy(StepKind::copy_in, Stream::h2d,
+                          {static_cast<TensorId>(t), offset_of(B[t]), host_slot[t], bytes_of(t)});
+      else
+        paged_in_done[3 * t + static_cast<size_t>(x.group)] =
+            copy(StepKind::copy_in, Stream::h2d,
+                 {static_cast<TensorId>(t), offset_of(group_interval(t, x.group)),
+                  layout.home_offset[t], bytes_of(t)});
     }
     for (const Traffic& x : before) {
       const size_t t = x.t;
@@ -866,9 +872,7 @@ void ScheduleBuilder::emit_steps() {
       // On the d2h stream, after its operands' copies out (queued there
       // before it) and once the compute stream is past every earlier launch
       // (so every copy in from the homes it writes is done).
-      const int reached = s.add_event();
-      s.steps.push_back({StepKind::record, Stream::compute, reached});
-      s.steps.push_back({StepKind::wait, Stream::d2h, reached});
+      sync(Stream::compute, Stream::d2h);
       s.steps.push_back({StepKind::launch, Stream::d2h, sl});
       host_done[static_cast<size_t>(sl)] = s.add_event();
       s.steps.push_back({StepKind::record, Stream::d2h, host_done[static_cast<size_t>(sl)]});
@@ -877,39 +881,29 @@ void ScheduleBuilder::emit_steps() {
     }
     for (const Traffic& x : after_slot[static_cast<size_t>(sl)]) {
       const size_t t = x.t;
-      const int made = s.add_event();
-      s.steps.push_back({StepKind::record, Stream::compute, made});
-      s.steps.push_back({StepKind::wait, Stream::d2h, made});
+      sync(Stream::compute, Stream::d2h);  // the tensor is made
+      const TensorId tt = static_cast<TensorId>(t);
       if (x.group == kHostCopy) {
-        const TensorId tt = static_cast<TensorId>(t);
         const size_t from = layout.device_offset[t] != kUnplaced
                                 ? layout.device_offset[t]
                                 : offset_of(interval(tt, host_copy_after[t]));
-        s.add_copy(StepKind::copy_out, Stream::d2h, {tt, from, host_copy[t], bytes_of(t)});
-        host_copy_done[t] = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::d2h, host_copy_done[t]});
+        host_copy_done[t] =
+            copy(StepKind::copy_out, Stream::d2h, {tt, from, host_copy[t], bytes_of(t)});
       } else if (x.group == kSwap) {
-        s.add_copy(StepKind::copy_out, Stream::d2h,
-                   {static_cast<TensorId>(t), offset_of(A[t]), host_slot[t], bytes_of(t)});
-        out_done[t] = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::d2h, out_done[t]});
+        out_done[t] =
+            copy(StepKind::copy_out, Stream::d2h, {tt, offset_of(A[t]), host_slot[t], bytes_of(t)});
       } else {
         // The updated weight or state goes back home.
-        const size_t k = 3 * t + static_cast<size_t>(x.group);
-        s.add_copy(StepKind::copy_out, Stream::d2h,
-                   {static_cast<TensorId>(t), offset_of(group_interval(t, x.group)),
-                    layout.home_offset[t], bytes_of(t)});
-        paged_out_done[k] = s.add_event();
-        s.steps.push_back({StepKind::record, Stream::d2h, paged_out_done[k]});
+        paged_out_done[3 * t + static_cast<size_t>(x.group)] =
+            copy(StepKind::copy_out, Stream::d2h,
+                 {tt, offset_of(group_interval(t, x.group)), layout.home_offset[t], bytes_of(t)});
       }
     }
   }
   s.transient_requests = std::move(reqs);
   s.copied_out = req.outputs;
   if (!s.copied_out.empty()) {
-    const int e = s.add_event();
-    s.steps.push_back({StepKind::record, Stream::compute, e});
-    s.steps.push_back({StepKind::wait, Stream::d2h, e});
+    sync(Stream::compute, Stream::d2h);
     for (TensorId t : s.copied_out)
       s.add_copy(StepKind::copy_out, Stream::d2h,
                  {t, s.tensor_offset[static_cast<size_t>(t)],
