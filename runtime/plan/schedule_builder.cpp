@@ -121,7 +121,6 @@ class ScheduleBuilder {
   std::vector<Slot> slots;
   int n_slots = 0;
   std::vector<int> slot_of_pos;
-  std::vector<char> back;        // an out-of-core tensor is back on the device
   std::vector<int> back_at;      // the slot that first reads it again
   int first_backward_slot = -1;  // the first slot after the split (recomputes included)
 
@@ -305,7 +304,7 @@ void ScheduleBuilder::choose_residency() {
 // that was recomputed away (its producer's own inputs first, recursively).
 void ScheduleBuilder::lay_out_slots() {
   slot_of_pos.assign(static_cast<size_t>(n_pos), -1);
-  back.assign(n_t, 0);
+  std::vector<char> back(n_t, 0);  // an out-of-core tensor is back on the device
   back_at.assign(n_t, -1);
   std::function<void(TensorId)> bring_back = [&](TensorId x) {
     const auto r = static_cast<size_t>(root(x));
