@@ -5,7 +5,8 @@
 //
 //   unfused  ffi_linear -> bce_logits_csr (+ _grad) -> ffi_grad_input,
 //            ffi_grad_weight: the [B, L] logits and their gradient exist
-//   fused    ffi_loss -> ffi_loss_grad: label tiles, no [B, L] array
+//   fused    ffi_loss_grad, which gives the loss too: label tiles, no
+//            [B, L] array, one pass over the logits
 //
 //   pooch-bench-ffi --form fused|unfused [--batch 128] [--hidden 4096]
 //                   [--labels 670091] [--fan-in 32] [--threads 2] [--steps 3]
@@ -172,8 +173,8 @@ int main(int argc, char** argv) {
   std::vector<Launch> step;
   std::vector<float> logits, dlogits;  // unfused only
   if (form == "fused") {
-    step.push_back(launch("ffi_loss", {th, ti, tw, tb, tp, tl}, {tloss}, &ctx, {{"loss", 0}}));
-    step.push_back(launch("ffi_loss_grad", {th, ti, tw, tb, tp, tl}, {tdh, tdw, tdb}, &ctx,
+    // A train step runs ffi_loss_grad alone: it gives the loss too.
+    step.push_back(launch("ffi_loss_grad", {th, ti, tw, tb, tp, tl}, {tdh, tdw, tdb, tloss}, &ctx,
                           {{"loss", 0}, {"scale", 1.0}}));
   } else {
     logits.resize(B * L);

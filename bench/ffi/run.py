@@ -3,7 +3,8 @@
 
 Forward + backward with BCE over label-CSR targets at one shape (default the
 Amazon-670K head of the issue: B=128, H=4096, L=670091, K=32, 2 threads):
-pooch's fused kernels (ffi_loss + ffi_loss_grad: no [B, L] logits), pooch's
+pooch's fused kernel (ffi_loss_grad, which gives the loss too: no [B, L]
+logits, one pass over them), pooch's
 unfused kernels (ffi_linear, bce_logits_csr(+_grad), ffi_grad_input,
 ffi_grad_weight) and PyTorch's gather + einsum over label chunks
 (bench/peers/ffi_torch.py), each its own process under /usr/bin/time -v, in
@@ -95,19 +96,19 @@ def main():
               f"{'-' if extra is None else f'{extra / 2**20:.1f}'} | {tr} | {mr} |")
     f = runs.get("fused")
     if f:
-        # Forward: B*L*K multiply-adds; gradient: the logits again, dw and dh.
-        flops = 2.0 * B * L * K * 4
+        # One pass: the logits, dw and dh, B*L*K multiply-adds each.
+        flops = 2.0 * B * L * K * 3
         ghz = cpu_ghz()
         # Two cores, two 256-bit FMA pipes each (8 f32 lanes, 2 flops a lane).
         peak = a.threads * 2 * 8 * 2 * ghz * 1e9 if ghz else None
         idx_bytes = 2 if H <= 65536 else 4
-        stream = L * K * (4 + idx_bytes) * 2 + L * K * 4 + L * 4 * 3
+        stream = L * K * (4 + idx_bytes) + L * K * 4 + L * 4 * 2
         sp = f["seconds_per_step"]
         print(f"fused: {flops / 1e9:.1f} GFLOP a step -> {flops / sp / 1e9:.1f} GFLOP/s"
               + (f" = {100 * flops / sp / peak:.0f}% of the {peak / 1e9:.0f} GFLOP/s FMA peak of "
                  f"{a.threads} cores at {ghz:.2f} GHz (AVX2: 2 FMA pipes x 8 lanes)" if peak else ""))
         print(f"fused: the layer's arrays streamed from memory: {stream / 2**20:.0f} MiB a step "
-              f"(w and index twice, dw once) -> {stream / sp / 1e9:.2f} GB/s")
+              f"(w and index read, dw written, once each) -> {stream / sp / 1e9:.2f} GB/s")
     print(json.dumps(runs))
 
 

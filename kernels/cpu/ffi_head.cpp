@@ -1,5 +1,7 @@
 // Fast f32 kernels of the fused fixed fan-in output layer (ffi_loss,
 // ffi_loss_grad, ffi_topk; runtime/core/ops/ffi_head_ops.cpp).
+// ffi_loss_grad sums the loss terms as ffi_loss does, slice by slice in the
+// same order, so its loss output is bitwise ffi_loss's.
 //
 // Layout: the input h[B,H] is transposed once into blocks of bw rows (bw, the
 // call's width: the batch rounded up to 16, 32, 64 or 128, and 128 past
@@ -447,6 +449,30 @@ size_t loss_grad_ws(const KernelArgs& a) {
 
 // ---- ffi_loss ---------------------------------------------------------------
 
+// Softmax's summed loss: over rows, |targets| * lse - the targets' logits
+// (lse from row_lse; the pairs from sorted_pairs).
+template <class I>
+double xent_total(const Layer<I>& y, const int32_t* lptr, const Scratch& s, int64_t np) {
+  double total = 0;
+  for (int64_t r = 0; r < y.batch; ++r)
+    if (lptr[r + 1] > lptr[r]) total += static_cast<double>(lptr[r + 1] - lptr[r]) * s.lse[r];
+  for (int64_t p = 0; p < np; ++p) {
+    const int64_t l = s.pairs[p].label, r = s.pairs[p].row;
+    double acc = 0;
+    for (int64_t k = 0; k < y.fan_in; ++k)
+      acc += static_cast<double>(y.h[r * y.hidden + int64_t{y.index[l * y.fan_in + k]}]) *
+             y.w[l * y.fan_in + k];
+    total -= static_cast<float>(acc + y.bias[l]);
+  }
+  return total;
+}
+
+// The slices' loss sums added in slice order, over the batch.
+float mean_loss(double total, const Scratch& s, int nt, int64_t batch) {
+  for (int t = 0; t < nt; ++t) total += s.part[t];
+  return static_cast<float>(total / static_cast<double>(batch));
+}
+
 template <class I>
 void loss_fwd(const KernelArgs& a) {
   const Layer<I> y = layer_of<I>(a);
@@ -464,18 +490,9 @@ void loss_fwd(const KernelArgs& a) {
   const int64_t np = sorted_pairs(lptr, lidx, y.batch, y.bw, s.pairs);
   double total = 0;
   if (kind == Loss::xent) {
-    // sum over rows of |targets| * lse - the targets' logits.
     row_lse(y, s.ht, nt, th, s.z, s.m_part, s.s_part, s.lse);
-    for (int64_t r = 0; r < y.batch; ++r)
-      if (lptr[r + 1] > lptr[r]) total += static_cast<double>(lptr[r + 1] - lptr[r]) * s.lse[r];
-    for (int64_t p = 0; p < np; ++p) {
-      const int64_t l = s.pairs[p].label, r = s.pairs[p].row;
-      double acc = 0;
-      for (int64_t k = 0; k < y.fan_in; ++k)
-        acc += static_cast<double>(y.h[r * y.hidden + int64_t{y.index[l * y.fan_in + k]}]) *
-               y.w[l * y.fan_in + k];
-      total -= static_cast<float>(acc + y.bias[l]);
-    }
+    total = xent_total(y, lptr, s, np);
+    std::fill(s.part, s.part + nt, 0.0);
   } else {
 #pragma omp parallel for num_threads(th) schedule(static, 1)
     for (int t = 0; t < nt; ++t) {
@@ -498,9 +515,8 @@ void loss_fwd(const KernelArgs& a) {
       }
       s.part[t] = sum;
     }
-    for (int t = 0; t < nt; ++t) total += s.part[t];
   }
-  *out = static_cast<float>(total / static_cast<double>(y.batch));
+  *out = mean_loss(total, s, nt, y.batch);
 }
 
 // ---- ffi_loss_grad ----------------------------------------------------------
@@ -516,9 +532,11 @@ void loss_grad(const KernelArgs& a) {
   float* dh = a.out[0].as<float>();
   float* dw = a.out[1].as<float>();
   float* db = a.out[2].as<float>();
+  float* loss = a.out[3].as<float>();
   if (y.batch == 0) {
     std::fill(dw, dw + y.labels * y.fan_in, 0.0f);
     std::fill(db, db + y.labels, 0.0f);
+    *loss = 0.0f;
     return;
   }
   transpose_in(y, s.ht, th);
@@ -533,6 +551,7 @@ void loss_grad(const KernelArgs& a) {
     float* g = s.g + t * kMaxWidth;
     float* dht = s.dht + t * y.hidden * y.bp;
     std::memset(dht, 0, static_cast<size_t>(y.hidden * y.bp) * sizeof(float));
+    double sum = 0;  // the slice's loss terms, summed as loss_fwd sums them
     for (int64_t b = 0; b < y.blocks(); ++b) {
       const float* hb = s.ht + b * y.hidden * y.bw;
       float* dhb = dht + b * y.hidden * y.bw;
@@ -548,16 +567,20 @@ void loss_grad(const KernelArgs& a) {
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p)
             g[s.pairs[p].row - r0] -= k;
         } else {
+          sum += tile_loss_absent(z, n, kind);
           tile_grad_absent(z, n, y.bw, kind, k, g);
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
             const int64_t r = s.pairs[p].row - r0;
+            sum += static_cast<double>(term(z[r], 1.0f, kind)) - term(z[r], 0.0f, kind);
             g[r] = k * grad_of(z[r], 1.0f, kind);
           }
         }
         backward(y, hb, l, g, b == 0, dw, db, dhb);
       }
     }
+    s.part[t] = sum;
   }
+  *loss = mean_loss(kind == Loss::xent ? xent_total(y, lptr, s, np) : 0.0, s, nt, y.batch);
   // dh[r, u] = sum over the slices of dhT[block][u][r], in slice order.
 #pragma omp parallel for num_threads(th) schedule(static)
   for (int64_t u = 0; u < y.hidden; ++u)

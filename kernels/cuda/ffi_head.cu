@@ -13,6 +13,8 @@
 // Softmax first needs each row's log-sum-exp over all labels: one block per
 // row, its threads striding over the labels with a running (max, sum).
 //
+// ffi_loss_grad's last output, the loss, comes from ffi_loss's kernels.
+//
 // ffi_topk: one block per row; each thread keeps its own top k (k at most
 // kTopK) of the labels it strides over, then thread 0 merges them.
 #include <cfloat>
@@ -317,6 +319,21 @@ size_t topk_ws(const KernelArgs& a) {
   return align_up(static_cast<size_t>(a.in[0].shape[0] * a.in[0].shape[1]) * sizeof(float));
 }
 
+// The loss into out, from hT and (softmax) the rows' lse already in s:
+// ffi_loss's value, and ffi_loss_grad's last output by the same kernels.
+// (Here the gradient kernels do not yet form it in their own pass: one more
+// pass over the logits, as ffi_loss took before.)
+void launch_loss(const Layer& y, const Scratch& s, int kind, const int32_t* lptr,
+                 const int32_t* lidx, cudaStream_t st, float* out) {
+  const int blocks = static_cast<int>(
+      std::min<int64_t>(kPartials, std::max<int64_t>(1, ceil_div(y.labels, kThreads))));
+  loss_partials<<<blocks, kThreads, 0, st>>>(y, lptr, lidx, kind, s.partial);
+  if (!launched("ffi_loss partials")) return;
+  const int64_t lse_rows = kind == 2 && y.labels > 0 ? y.batch : 0;
+  loss_total<<<1, 32, 0, st>>>(s.partial, blocks, s.lse, lptr, lse_rows, y.batch, out);
+  launched("ffi_loss total");
+}
+
 void ffi_loss(const KernelArgs& a) {
   if (!f32_only(a, "ffi_loss")) return;
   cudaStream_t st = stream_of(a);
@@ -334,14 +351,7 @@ void ffi_loss(const KernelArgs& a) {
     row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
     if (!launched("ffi_loss row_lse")) return;
   }
-  const int blocks = static_cast<int>(
-      std::min<int64_t>(kPartials, std::max<int64_t>(1, ceil_div(y.labels, kThreads))));
-  loss_partials<<<blocks, kThreads, 0, st>>>(y, lptr, lidx, kind, s.partial);
-  if (!launched("ffi_loss partials")) return;
-  const int64_t lse_rows = kind == 2 && y.labels > 0 ? y.batch : 0;
-  loss_total<<<1, 32, 0, st>>>(s.partial, blocks, s.lse, lptr, lse_rows, y.batch,
-                               a.out[0].as<float>());
-  launched("ffi_loss total");
+  launch_loss(y, s, kind, lptr, lidx, st, a.out[0].as<float>());
 }
 
 // deterministic: dh from dh_slices + dh_sum instead of atomic adds.
@@ -383,12 +393,13 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
   if (bh > 0 && deterministic) {
     dh_sum<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(s.dht, y.batch, y.hidden,
                                                                         a.out[0].as<float>());
-    launched("ffi_loss_grad dh_sum");
+    if (!launched("ffi_loss_grad dh_sum")) return;
   } else if (bh > 0) {
     transpose_out<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
         s.dht, y.batch, y.hidden, a.out[0].as<float>());
-    launched("ffi_loss_grad transpose back");
+    if (!launched("ffi_loss_grad transpose back")) return;
   }
+  launch_loss(y, s, kind, lptr, lidx, st, a.out[3].as<float>());
 }
 
 void ffi_loss_grad(const KernelArgs& a) {

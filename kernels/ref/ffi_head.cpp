@@ -65,8 +65,9 @@ double row_lse(const Layer<T, I>& y, int64_t r) {
   return shift + std::log(s);
 }
 
+// The loss (ffi_loss's output; ffi_loss_grad's last), rounded to T.
 template <class T, class I>
-void loss_fwd(const KernelArgs& a) {
+T loss_of(const KernelArgs& a) {
   const Layer<T, I> y(a);
   const auto kind = static_cast<Loss>(a.attrs.geti("loss", 0));
   const int32_t* lptr = a.in[4].as<int32_t>();
@@ -88,7 +89,12 @@ void loss_fwd(const KernelArgs& a) {
     }
     total += row;
   }
-  *a.out[0].as<T>() = static_cast<T>(y.batch > 0 ? total / static_cast<double>(y.batch) : 0.0);
+  return static_cast<T>(y.batch > 0 ? total / static_cast<double>(y.batch) : 0.0);
+}
+
+template <class T, class I>
+void loss_fwd(const KernelArgs& a) {
+  *a.out[0].as<T>() = loss_of<T, I>(a);
 }
 
 // Scratch: dh accumulated in double [B, H] and each row's log-sum-exp [B].
@@ -145,6 +151,7 @@ void loss_grad(const KernelArgs& a) {
     db[l] = static_cast<T>(gb);
   }
   for (int64_t i = 0; i < y.batch * y.hidden; ++i) dh[i] = static_cast<T>(dh_acc[i]);
+  *a.out[3].as<T>() = loss_of<T, I>(a);
 }
 
 // Scratch: the running top k of one row (value and position).

@@ -128,4 +128,10 @@ std::vector<WeightGrad> build_backward(Graph& g, TensorId loss) {
   return out;
 }
 
+TensorId training_loss(const Graph& g, TensorId loss) {
+  for (size_t t = 0; t < g.num_tensors(); ++t)
+    if (g.tensor(static_cast<TensorId>(t)).repeats == loss) return static_cast<TensorId>(t);
+  return loss;
+}
+
 }  // namespace pooch

@@ -21,4 +21,10 @@ struct WeightGrad {
 // gradient of every trainable weight the loss depends on, in weight order.
 std::vector<WeightGrad> build_backward(Graph& g, TensorId loss);
 
+// The tensor that holds `loss`'s value in a training step: the output of a
+// backward op that computes the loss again in the pass that makes its
+// gradient (TensorDesc::repeats), so that the forward op need not run, or
+// else `loss` itself.
+TensorId training_loss(const Graph& g, TensorId loss);
+
 }  // namespace pooch

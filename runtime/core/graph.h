@@ -18,7 +18,13 @@ using Shape = std::vector<int64_t>;
 // The largest tensor a graph accepts (also the .pooch format's limit).
 inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 62;
 
-enum class Role : uint8_t { input = 0, weight = 1, activation = 2, gradient = 3, optimizer_state = 4 };
+enum class Role : uint8_t {
+  input = 0,
+  weight = 1,
+  activation = 2,
+  gradient = 3,
+  optimizer_state = 4
+};
 inline constexpr int kNumRoles = 5;
 const char* role_name(Role r);
 
@@ -31,6 +37,10 @@ struct TensorDesc {
   // For a row-sparse gradient: the tensor holding [count, row ids...] that says
   // which rows of the weight this [rows_max x cols] tensor holds.
   TensorId sparse_rows = kNoTensor;
+  // For a loss computed again by the backward op that differentiates it
+  // (ffi_loss_grad also gives ffi_loss's value): that loss. A train step
+  // reads this one and skips the forward op (autodiff.h, training_loss).
+  TensorId repeats = kNoTensor;
 
   int64_t numel() const;
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }

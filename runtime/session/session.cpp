@@ -60,11 +60,17 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
                  void* note_user)
     : model_(std::move(model)), cfg_(cfg), graph_(model_->graph) {
   const Model& m = *model_;
+  // What a train step returns as the loss: a backward op's copy where one
+  // computes it again (the forward op then does not run in the step),
+  // staged into the loss's own host slot, so the caller reads it by the
+  // loss's name after any program.
+  TensorId train_loss = kNoTensor;
   if (cfg.train && !m.losses.empty()) {
     if (m.losses.size() > 1)
       throw Error(POOCH_ERR_UNSUPPORTED,
                   fmt::format("the model has {} losses; a session trains one", m.losses.size()));
     append_optimizer(graph_, build_backward(graph_, m.losses[0]), cfg.optimizer);
+    train_loss = training_loss(graph_, m.losses[0]);
   }
   const int threads = resolve_threads(cfg.threads);
   backend_ =
@@ -112,10 +118,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       ooc_.in_core_arena = p->schedule.arena_bytes;
       ooc_.predicted_in_core = simulate(p->schedule, profile_).seconds;
       ooc_.predicted_seconds = ooc_.predicted_in_core;
-      // The forward part ends at the node that makes the loss.
+      // The forward part ends at the node that makes the loss, or just
+      // before the backward op that makes it (that op is the backward's first).
       for (size_t i = 0; i < rq.nodes.size(); ++i)
         for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
-          if (o == m.losses[0]) rq.split = static_cast<int>(i);
+          if (o == train_loss) rq.split = static_cast<int>(i) - (o == m.losses[0] ? 0 : 1);
       train_request_ = rq;
       if (budget_ && p->schedule.arena_bytes > budget_ && cfg.strategy != Strategy::keep) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -141,9 +148,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   auto plan_all = [&](const std::vector<char>& paged, const std::vector<char>& host_update) {
     layout_ = plan_session_layout(graph_, staged, align, paged);
     layout_.host_update = host_update;
+    if (train_loss != kNoTensor && train_loss != losses[0])
+      layout_.host_offset[static_cast<size_t>(train_loss)] =
+          layout_.host_offset[static_cast<size_t>(losses[0])];
     ooc_ = OutOfCoreReport{};
     for (auto& p : programs_) p.reset();
-    if (trains) plan(ProgramKind::train_step, losses, true);
+    if (trains) plan(ProgramKind::train_step, {train_loss}, true);
     if (!results.empty()) plan(ProgramKind::forward, results, false);
     if (!losses.empty()) plan(ProgramKind::evaluate, all, false);
 

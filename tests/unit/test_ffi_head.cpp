@@ -1,7 +1,8 @@
 // The fused fixed fan-in output layer (ffi_loss, ffi_topk) in a model: the
 // same losses, weights and predictions as the unfused reference path
 // (ffi_linear, then the label-CSR loss and topk) for every loss, and no
-// [batch, labels] tensor anywhere in the fused model's graph.
+// [batch, labels] tensor anywhere in the fused model's graph; a train step's
+// loss comes from ffi_loss_grad, bitwise ffi_loss's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -81,6 +82,46 @@ TEST_P(FusedHead, TrainsAndPredictsAsTheUnfusedLayer) {
   plain.predict(batch_of(d, 0, kB), k, lp.data(), sp.data());
   EXPECT_EQ(lf, lp);
   for (size_t i = 0; i < sf.size(); ++i) EXPECT_NEAR(sf[i], sp[i], 1e-3 * std::fabs(sp[i]) + 1e-4);
+}
+
+// A train step runs ffi_loss_grad alone and returns the loss it computes
+// along with the gradient: bitwise what ffi_loss (the evaluate program) gives
+// for the same batch and weights.
+TEST_P(FusedHead, ATrainStepTakesItsLossFromTheGradientOp) {
+  PlantedParams pp;
+  pp.rows = 4 * kB;
+  pp.features = kF;
+  pp.labels = kL;
+  const XmcDataset d = make_planted(pp);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  XmcSession s(build_xmc_model(spec(GetParam(), true)), cfg);
+  Session& ses = s.session();
+  auto ops_of = [&](ProgramKind p) {
+    std::vector<std::string> ops;
+    for (const Launch& l : ses.schedule(p)->launches) ops.push_back(ses.graph().nodes()[l.node].op);
+    return ops;
+  };
+  auto count = [](const std::vector<std::string>& ops, const char* op) {
+    return std::count(ops.begin(), ops.end(), op);
+  };
+  EXPECT_EQ(count(ops_of(ProgramKind::train_step), "ffi_loss"), 0);
+  EXPECT_EQ(count(ops_of(ProgramKind::train_step), "ffi_loss_grad"), 1);
+  EXPECT_EQ(count(ops_of(ProgramKind::evaluate), "ffi_loss"), 1);
+  EXPECT_EQ(count(ops_of(ProgramKind::evaluate), "ffi_loss_grad"), 0);
+  for (int64_t step = 0; step < 4; ++step) {
+    const int64_t rows = step == 3 ? kB - 3 : kB;
+    const BatchView b = batch_of(d, step * kB, rows);
+    s.stage(b, true);
+    ses.run(ProgramKind::evaluate);
+    float evaluated = 0;
+    ses.get_output("loss", &evaluated, sizeof evaluated);
+    const float trained = s.train_step(b);
+    ASSERT_TRUE(std::isfinite(trained));
+    EXPECT_EQ(std::memcmp(&evaluated, &trained, sizeof trained), 0)
+        << "step " << step << ": " << evaluated << " evaluated, " << trained << " trained";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Losses, FusedHead,

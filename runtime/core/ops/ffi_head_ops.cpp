@@ -7,7 +7,11 @@
 //
 //   ffi_loss(h[B,H], index[L,K], w[L,K], b[L], lptr i32[B+1], lidx i32[M];
 //            loss = 0 bce | 1 squared hinge | 2 softmax) -> scalar
-//   ffi_loss_grad(same inputs; loss, scale) -> dh[B,H], dw[L,K], db[L]
+//   ffi_loss_grad(same inputs; loss, scale) -> dh[B,H], dw[L,K], db[L], loss
+//
+// ffi_loss_grad also gives the loss, bitwise as ffi_loss computes it: it forms
+// every logit for the gradient anyway, so a train step reads the loss from it
+// and never runs ffi_loss (one pass over the [B, L] logits instead of two).
 //   ffi_topk(h, index, w, b; k) -> values[B,k], indices i32[B,k]
 #include <fmt/format.h>
 
@@ -76,9 +80,14 @@ void add_ffi_loss(OpRegistry& r) {
     Attrs a = fwd.attrs;
     a.set("scale", 1.0);
     const TensorId h = fwd.inputs[0], w = fwd.inputs[2], b = fwd.inputs[3];
+    const TensorId loss = fwd.outputs[0];
     const std::vector<TensorId> outs =
         g.add_op("ffi_loss_grad", std::vector<TensorId>(fwd.inputs.begin(), fwd.inputs.end()), a,
-                 {grad_name(g, h), grad_name(g, w), grad_name(g, b)}, Role::gradient);
+                 {grad_name(g, h), grad_name(g, w), grad_name(g, b),
+                  g.unique_name(g.tensor(loss).name + ".again")},
+                 Role::gradient);
+    g.tensor(outs[3]).role = g.tensor(loss).role;
+    g.tensor(outs[3]).repeats = loss;
     if (needs[0]) dx[0] = outs[0];
     if (needs[2]) dx[2] = outs[1];
     if (needs[3]) dx[3] = outs[2];
@@ -94,11 +103,13 @@ void add_ffi_loss(OpRegistry& r) {
     if (!std::isfinite(s))
       op_error("ffi_loss_grad", fmt::format("attribute scale must be finite, got {}", s));
     const DType dt = in[0]->dtype;
-    return {OutSpec{dt, in[0]->shape}, OutSpec{dt, in[1]->shape}, OutSpec{dt, in[3]->shape}};
+    return {OutSpec{dt, in[0]->shape}, OutSpec{dt, in[1]->shape}, OutSpec{dt, in[3]->shape},
+            OutSpec{dt, Shape{}}};
   };
-  // Logits again, then dw and dh: three multiply-adds per connection and row.
+  // The logits, then dw and dh: three multiply-adds per connection and row;
+  // per logit its loss term and its gradient.
   grad.flops = [](InDescs in, InDescs, const Attrs&) {
-    return 6.0 * macs(in) + 8.0 * static_cast<double>(in[0]->shape[0]) * numel(in[3]);
+    return 6.0 * macs(in) + 16.0 * static_cast<double>(in[0]->shape[0]) * numel(in[3]);
   };
   r.add(std::move(grad));
 }
