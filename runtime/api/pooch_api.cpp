@@ -1351,7 +1351,9 @@ pooch_status pooch_generate(pooch_session* s, const int32_t* prompt, int64_t pro
     if (!s->generator) {
       const pooch::ModelSpec spec =
           pooch::spec_from_json(sess.model().spec_json, "the session's model spec");
-      s->generator = std::make_unique<pooch::Generator>(spec, s->config);
+      pooch::SessionConfig decoder = s->config;
+      decoder.initialise = false;  // copy_weights writes every weight
+      s->generator = std::make_unique<pooch::Generator>(spec, decoder);
     }
     s->generator->copy_weights(sess);
     int64_t n = 0;

@@ -326,11 +326,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   for (auto& p : programs_)
     if (p) p->bound = exec_->bind(p->schedule, ctx_.get());
 
-  // Every weight and optimizer state starts from its initialiser (zeros if none).
+  // Every weight and optimizer state starts from its initialiser (zeros if
+  // none, or if the caller writes them all: cfg.initialise).
   for (size_t t = 0; t < graph_.num_tensors(); ++t) {
     const TensorDesc& d = graph_.tensor(static_cast<TensorId>(t));
     if (!persistent(d.role)) continue;
-    const auto it = m.init.find(d.name);
+    const auto it = cfg.initialise ? m.init.find(d.name) : m.init.end();
     const std::vector<std::byte> bytes = it != m.init.end()
                                              ? initial_value(d, it->second, m.seed, threads)
                                              : std::vector<std::byte>(d.bytes());

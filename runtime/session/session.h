@@ -54,6 +54,11 @@ struct SessionConfig {
   // weights too, 3 and their updates run on the host (on a backend with
   // host kernels).
   int max_paging = 3;
+  // false: every weight and optimizer state starts as zeros instead of from
+  // its initialiser, for a caller that writes them all before the first run
+  // (the generator's decoder, whose weights come from a session or a file:
+  // drawing GPT-2 1.5B's random weights first took seconds).
+  bool initialise = true;
 };
 
 // What the planner decided for the train step.

@@ -50,8 +50,9 @@ class Generator {
  public:
   // A decoder for a gpt spec (its run shape is ignored: one sequence of up
   // to n_ctx tokens) on the backend `cfg` asks for; cfg.train is ignored.
-  // Its weights start as the builder initialises them: set them with
-  // copy_weights or load_weights.
+  // Its weights start as the builder initialises them (zeros with
+  // cfg.initialise false, the quicker start when they are set at once): set
+  // them with copy_weights or load_weights.
   Generator(const ModelSpec& spec, SessionConfig cfg);
   ~Generator();
 

@@ -139,6 +139,33 @@ TEST(Generator, StopsAtTheCallbackAndTheContext) {
   EXPECT_THROW(gen.generate(std::vector<int32_t>(7, 1), c, {}), Error);
 }
 
+// A decoder set up without initialisers (cfg.initialise false, as
+// pooch_generate's) starts from zeros, and once copy_weights has run it
+// generates exactly what an initialised one given the same weights does.
+TEST(Generator, SkipsItsInitialisersWhenTheWeightsAreCopiedIn) {
+  SessionConfig bare = cpu();
+  bare.initialise = false;
+  Generator zero(tiny(), bare), drawn(tiny(), cpu());
+  bool any_nonzero = false;
+  for (const TensorDesc& d : zero.session().graph().tensors()) {
+    if (d.role != Role::weight) continue;
+    for (std::byte b : zero.session().read_tensor(d.name)) EXPECT_EQ(b, std::byte{0}) << d.name;
+    for (std::byte b : drawn.session().read_tensor(d.name)) any_nonzero |= b != std::byte{0};
+  }
+  EXPECT_TRUE(any_nonzero) << "the initialised decoder draws its weights";
+  // A training session of the same model, its own draw (another seed).
+  ModelSpec other = tiny();
+  other.seed = 99;
+  const Session source(std::shared_ptr<Model>(build_gpt_model(other)), cpu());
+  zero.copy_weights(source);
+  drawn.copy_weights(source);
+  SamplingConfig c;
+  c.max_tokens = 4;
+  c.seed = 5;
+  EXPECT_EQ(zero.generate(std::vector<int32_t>{1, 2}, c, {}),
+            drawn.generate(std::vector<int32_t>{1, 2}, c, {}));
+}
+
 }  // namespace
 }  // namespace pooch
 
