@@ -8,11 +8,11 @@
 //   ffi_loss(h[B,H], index[L,K], w[L,K], b[L], lptr i32[B+1], lidx i32[M];
 //            loss = 0 bce | 1 squared hinge | 2 softmax) -> scalar
 //   ffi_loss_grad(same inputs; loss, scale) -> dh[B,H], dw[L,K], db[L], loss
-//
-// ffi_loss_grad also gives the loss, bitwise as ffi_loss computes it: it forms
-// every logit for the gradient anyway, so a train step reads the loss from it
-// and never runs ffi_loss (one pass over the [B, L] logits instead of two).
 //   ffi_topk(h, index, w, b; k) -> values[B,k], indices i32[B,k]
+//
+// ffi_loss_grad also gives the loss, as ffi_loss computes it: it forms every
+// logit for the gradient anyway, so a train step reads the loss from it and
+// never runs ffi_loss (one pass over the [B, L] logits instead of two).
 #include <fmt/format.h>
 
 #include <cmath>
