@@ -44,17 +44,26 @@ BatchView batch_of(const XmcDataset& d, int64_t first, int64_t rows) {
   return b;
 }
 
-class FusedHead : public ::testing::TestWithParam<LossKind> {};
-
-TEST_P(FusedHead, TrainsAndPredictsAsTheUnfusedLayer) {
+XmcDataset planted(int64_t rows) {
   PlantedParams pp;
-  pp.rows = 8 * kB;
+  pp.rows = rows;
   pp.features = kF;
   pp.labels = kL;
-  const XmcDataset d = make_planted(pp);
+  return make_planted(pp);
+}
+
+SessionConfig two_threads() {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
+  return cfg;
+}
+
+class FusedHead : public ::testing::TestWithParam<LossKind> {};
+
+TEST_P(FusedHead, TrainsAndPredictsAsTheUnfusedLayer) {
+  const XmcDataset d = planted(8 * kB);
+  const SessionConfig cfg = two_threads();
   XmcSession fused(build_xmc_model(spec(GetParam(), true)), cfg);
   XmcSession plain(build_xmc_model(spec(GetParam(), false)), cfg);
   // The same initial weights (drawn by tensor id: the fused graph lacks the
@@ -88,15 +97,8 @@ TEST_P(FusedHead, TrainsAndPredictsAsTheUnfusedLayer) {
 // along with the gradient: bitwise what ffi_loss (the evaluate program) gives
 // for the same batch and weights.
 TEST_P(FusedHead, ATrainStepTakesItsLossFromTheGradientOp) {
-  PlantedParams pp;
-  pp.rows = 4 * kB;
-  pp.features = kF;
-  pp.labels = kL;
-  const XmcDataset d = make_planted(pp);
-  SessionConfig cfg;
-  cfg.device = DeviceKind::cpu;
-  cfg.threads = 2;
-  XmcSession s(build_xmc_model(spec(GetParam(), true)), cfg);
+  const XmcDataset d = planted(4 * kB);
+  XmcSession s(build_xmc_model(spec(GetParam(), true)), two_threads());
   Session& ses = s.session();
   auto ops_of = [&](ProgramKind p) {
     std::vector<std::string> ops;
