@@ -301,20 +301,42 @@ void backward(const Layer<I>& y, const float* ht, int64_t l, const float* g, boo
   });
 }
 
-// Loss terms of a tile with every target 0, rows [0, n) only (the rest are padding).
-POOCH_VEC_CLONES double tile_loss_absent(const float* z, int64_t n, Loss kind) {
-  float s = 0;
+// A tile of n real rows (the rest padding) with every target 0: the sum of
+// its loss terms and, with G, its gradient times k in g (zero on padding
+// rows). One e^-|z| serves both (at Amazon-670K's training shape the two
+// loops apart took a quarter of a step). The terms are summed 8 lanes at a
+// time and then across the lanes, an order fixed here rather than left to
+// the vectoriser, so that ffi_loss (G false) and ffi_loss_grad (G true) give
+// the same bits.
+template <bool G>
+POOCH_VEC_CLONES float tile_absent(const float* z, int64_t n, int64_t bw, Loss kind, float k,
+                                   float* g) {
+  alignas(32) float terms[kMaxWidth];
   if (kind == Loss::bce) {
-#pragma omp simd reduction(+ : s)
-    for (int64_t r = 0; r < n; ++r) s += max0(z[r]) + log1p_unit(exp_f(-std::fabs(z[r])));
+#pragma omp simd
+    for (int64_t r = 0; r < n; ++r) {
+      const float e = exp_f(-std::fabs(z[r]));
+      terms[r] = max0(z[r]) + log1p_unit(e);
+      if constexpr (G) {  // sigmoid_f(z), from the same e
+        const float d = 1.0f / (1.0f + e);
+        g[r] = k * select_f(z[r] >= 0.0f, d, e * d);
+      }
+    }
   } else {
-#pragma omp simd reduction(+ : s)
+#pragma omp simd
     for (int64_t r = 0; r < n; ++r) {
       const float m = max0(1.0f + z[r]);
-      s += m * m;
+      terms[r] = m * m;
+      if constexpr (G) g[r] = k * 2.0f * m;
     }
   }
-  return s;
+  if constexpr (G)
+    for (int64_t r = n; r < bw; ++r) g[r] = 0.0f;
+  const int64_t n8 = (n + 7) / 8 * 8;
+  for (int64_t r = n; r < n8; ++r) terms[r] = 0.0f;
+  Vec8 acc{};
+  for (int64_t r = 0; r < n8; r += 8) acc += *reinterpret_cast<const Vec8*>(terms + r);
+  return lane_sum(acc);
 }
 
 // One logit's loss term for target t (bce or squared hinge).
@@ -322,20 +344,6 @@ float term(float x, float t, Loss kind) {
   if (kind == Loss::bce) return max0(x) - x * t + log1p_unit(exp_f(-std::fabs(x)));
   const float m = max0(1.0f - (2.0f * t - 1.0f) * x);
   return m * m;
-}
-
-// Gradient of a tile of n real rows with every target 0, times k; zero on
-// padding rows.
-POOCH_VEC_CLONES void tile_grad_absent(const float* z, int64_t n, int64_t bw, Loss kind, float k,
-                                       float* g) {
-  if (kind == Loss::bce) {
-#pragma omp simd
-    for (int64_t r = 0; r < n; ++r) g[r] = k * sigmoid_f(z[r]);
-  } else {
-#pragma omp simd
-    for (int64_t r = 0; r < n; ++r) g[r] = k * 2.0f * max0(1.0f + z[r]);
-  }
-  for (int64_t r = n; r < bw; ++r) g[r] = 0.0f;
 }
 
 // One logit's gradient (before the scale) for target t.
@@ -506,7 +514,7 @@ void loss_fwd(const KernelArgs& a) {
         int64_t p = first_pair(s.pairs, np, b, lo);
         for (int64_t l = lo; l < hi; ++l) {
           logits(y, hb, l, z);
-          sum += tile_loss_absent(z, n, kind);
+          sum += tile_absent<false>(z, n, y.bw, kind, 0.0f, nullptr);
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
             const float x = z[s.pairs[p].row - b * y.bw];
             sum += static_cast<double>(term(x, 1.0f, kind)) - term(x, 0.0f, kind);
@@ -567,8 +575,7 @@ void loss_grad(const KernelArgs& a) {
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p)
             g[s.pairs[p].row - r0] -= k;
         } else {
-          sum += tile_loss_absent(z, n, kind);
-          tile_grad_absent(z, n, y.bw, kind, k, g);
+          sum += tile_absent<true>(z, n, y.bw, kind, k, g);
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
             const int64_t r = s.pairs[p].row - r0;
             sum += static_cast<double>(term(z[r], 1.0f, kind)) - term(z[r], 0.0f, kind);
