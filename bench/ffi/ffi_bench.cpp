@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   if (form == "fused") {
     // A train step runs ffi_loss_grad alone: it gives the loss too.
     step.push_back(launch("ffi_loss_grad", {th, ti, tw, tb, tp, tl}, {tdh, tdw, tdb, tloss}, &ctx,
-                          {{"loss", 0}, {"scale", 1.0}}));
+                          {{"loss", 0}, {"scale", 1.0}, {"with_loss", 1.0}}));
   } else {
     logits.resize(B * L);
     dlogits.resize(B * L);

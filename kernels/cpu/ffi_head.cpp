@@ -540,11 +540,11 @@ void loss_grad(const KernelArgs& a) {
   float* dh = a.out[0].as<float>();
   float* dw = a.out[1].as<float>();
   float* db = a.out[2].as<float>();
-  float* loss = a.out[3].as<float>();
+  float* loss = a.n_out > 3 ? a.out[3].as<float>() : nullptr;  // with_loss
   if (y.batch == 0) {
     std::fill(dw, dw + y.labels * y.fan_in, 0.0f);
     std::fill(db, db + y.labels, 0.0f);
-    *loss = 0.0f;
+    if (loss) *loss = 0.0f;
     return;
   }
   transpose_in(y, s.ht, th);
@@ -587,8 +587,9 @@ void loss_grad(const KernelArgs& a) {
     }
     s.part[t] = sum;
   }
-  *loss = mean_loss(kind == Loss::xent ? xent_total(y, lptr, s, np) : 0.0, s, nt, y.batch);
-  // dh[r, u] = sum over the slices of dhT[block][u][r], in slice order.
+  if (loss)
+    *loss = mean_loss(kind == Loss::xent ? xent_total(y, lptr, s, np) : 0.0, s, nt, y.batch);
+    // dh[r, u] = sum over the slices of dhT[block][u][r], in slice order.
 #pragma omp parallel for num_threads(th) schedule(static)
   for (int64_t u = 0; u < y.hidden; ++u)
     for (int64_t r = 0; r < y.batch; ++r) {

@@ -13,7 +13,7 @@
 // Softmax first needs each row's log-sum-exp over all labels: one block per
 // row, its threads striding over the labels with a running (max, sum).
 //
-// ffi_loss_grad's last output, the loss, comes from ffi_loss's kernels.
+// ffi_loss_grad's loss output (with_loss) comes from ffi_loss's kernels.
 //
 // ffi_topk: one block per row; each thread keeps its own top k (k at most
 // kTopK) of the labels it strides over, then thread 0 merges them.
@@ -324,14 +324,14 @@ size_t topk_ws(const KernelArgs& a) {
 // (Here the gradient kernels do not yet form it in their own pass: one more
 // pass over the logits, as ffi_loss took before.)
 void launch_loss(const Layer& y, const Scratch& s, int kind, const int32_t* lptr,
-                 const int32_t* lidx, cudaStream_t st, float* out) {
+                 const int32_t* lidx, cudaStream_t st, float* out, bool in_grad) {
   const int blocks = static_cast<int>(
       std::min<int64_t>(kPartials, std::max<int64_t>(1, ceil_div(y.labels, kThreads))));
   loss_partials<<<blocks, kThreads, 0, st>>>(y, lptr, lidx, kind, s.partial);
-  if (!launched("ffi_loss partials")) return;
+  if (!launched(in_grad ? "ffi_loss_grad loss partials" : "ffi_loss partials")) return;
   const int64_t lse_rows = kind == 2 && y.labels > 0 ? y.batch : 0;
   loss_total<<<1, 32, 0, st>>>(s.partial, blocks, s.lse, lptr, lse_rows, y.batch, out);
-  launched("ffi_loss total");
+  launched(in_grad ? "ffi_loss_grad loss total" : "ffi_loss total");
 }
 
 void ffi_loss(const KernelArgs& a) {
@@ -351,7 +351,7 @@ void ffi_loss(const KernelArgs& a) {
     row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
     if (!launched("ffi_loss row_lse")) return;
   }
-  launch_loss(y, s, kind, lptr, lidx, st, a.out[0].as<float>());
+  launch_loss(y, s, kind, lptr, lidx, st, a.out[0].as<float>(), false);
 }
 
 // deterministic: dh from dh_slices + dh_sum instead of atomic adds.
@@ -399,7 +399,8 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
         s.dht, y.batch, y.hidden, a.out[0].as<float>());
     if (!launched("ffi_loss_grad transpose back")) return;
   }
-  launch_loss(y, s, kind, lptr, lidx, st, a.out[3].as<float>());
+  if (a.n_out > 3)  // with_loss
+    launch_loss(y, s, kind, lptr, lidx, st, a.out[3].as<float>(), true);
 }
 
 void ffi_loss_grad(const KernelArgs& a) {

@@ -151,7 +151,7 @@ void loss_grad(const KernelArgs& a) {
     db[l] = static_cast<T>(gb);
   }
   for (int64_t i = 0; i < y.batch * y.hidden; ++i) dh[i] = static_cast<T>(dh_acc[i]);
-  *a.out[3].as<T>() = loss_of<T, I>(a);
+  if (a.n_out > 3) *a.out[3].as<T>() = loss_of<T, I>(a);  // with_loss
 }
 
 // Scratch: the running top k of one row (value and position).

@@ -122,7 +122,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       // before the backward op that makes it (that op is the backward's first).
       for (size_t i = 0; i < rq.nodes.size(); ++i)
         for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
-          if (o == train_loss) rq.split = static_cast<int>(i) - (o == m.losses[0] ? 0 : 1);
+          if (o == train_loss)
+            rq.split = std::max(0, static_cast<int>(i) - (o == m.losses[0] ? 0 : 1));
       train_request_ = rq;
       if (budget_ && p->schedule.arena_bytes > budget_ && cfg.strategy != Strategy::keep) {
         const auto t0 = std::chrono::steady_clock::now();

@@ -7,6 +7,7 @@ set -uo pipefail
 RUN=${1:?usage: test_cli.sh PATH/TO/pooch-run}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 MACHINES=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../machines" && pwd)  # before the cd below
+TEST_DATA=$(cd "$(dirname "${BASH_SOURCE[0]}")/../data" && pwd)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-cli.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 cd "$TMP" || exit 1
@@ -110,6 +111,16 @@ contains eval-table eval.out '^P +[0-9.]+ +[0-9.]+'
 contains eval-json eval.out '^\{"command":"eval".*"metrics":\{"rows":'"$TEST_ROWS"','
 
 expect predict 0 "$RUN" predict --model m.pooch --input data/test.txt --k 3 --out preds.txt "${T[@]}"
+
+# A fused-head model written before ffi_loss_grad could give the loss
+# (tests/data/old_ffi_head.pooch, by the build of commit fcb333a: `train
+# --data data --threads 1 --device cpu --hidden 16 --fan-in 4 --epochs 1` on
+# this synth set): its stored graph has the op's three-output form, which a
+# file is still read with; it evaluates, and trains on with today's step.
+expect old-ffi-file-eval 0 "$RUN" eval --model "$TEST_DATA/old_ffi_head.pooch" --data data --json "${T[@]}"
+contains old-ffi-file-eval-json old-ffi-file-eval.out '"metrics":\{"rows":'"$TEST_ROWS"','
+expect old-ffi-file-finetune 0 "$RUN" finetune --model "$TEST_DATA/old_ffi_head.pooch" --data data --epochs 1 --out old-ft.pooch "${T[@]}"
+expect old-ffi-file-finetuned-eval 0 "$RUN" eval --model old-ft.pooch --data data "${T[@]}"
 [ "$(wc -l < preds.txt)" = "$TEST_ROWS" ] && pass predict-rows || fail "predict-rows: $(wc -l < preds.txt) lines, wanted $TEST_ROWS"
 if awk 'NF != 3 { exit 1 } { for (i = 1; i <= NF; ++i) if ($i !~ /^[0-9]+:-?[0-9.e+-]+$/) exit 1 }' preds.txt; then
   pass predict-format

@@ -10,6 +10,8 @@
 #include <cstring>
 
 #include "formats/xmc_data.h"
+#include "runtime/core/error.h"
+#include "runtime/core/graph.h"
 #include "runtime/models/xmc.h"
 #include "runtime/train/xmc_session.h"
 
@@ -119,11 +121,37 @@ TEST_P(FusedHead, ATrainStepTakesItsLossFromTheGradientOp) {
     ses.run(ProgramKind::evaluate);
     float evaluated = 0;
     ses.get_output("loss", &evaluated, sizeof evaluated);
+    // Another batch's loss in the slot, so that a step that wrote none fails.
+    s.stage(batch_of(d, ((step + 1) % 4) * kB, kB - 1), true);
+    ses.run(ProgramKind::evaluate);
+    float other = 0;
+    ses.get_output("loss", &other, sizeof other);
+    ASSERT_NE(other, evaluated);
     const float trained = s.train_step(b);
     ASSERT_TRUE(std::isfinite(trained));
     EXPECT_EQ(std::memcmp(&evaluated, &trained, sizeof trained), 0)
         << "step " << step << ": " << evaluated << " evaluated, " << trained << " trained";
   }
+}
+
+// ffi_loss_grad gives the loss only when asked (with_loss = 1, as the
+// backward builder asks): files written before that option store the
+// three-output form, and their graphs are rebuilt op by op when read.
+TEST(FusedHead, TheGradientOpGivesTheLossWhenAsked) {
+  Graph g;
+  const TensorId h = g.add_tensor({"h", DType::f32, {4, 6}, Role::activation});
+  const TensorId index = g.add_tensor({"index", DType::u16, {5, 3}, Role::weight});
+  const TensorId w = g.add_tensor({"w", DType::f32, {5, 3}, Role::weight});
+  const TensorId b = g.add_tensor({"b", DType::f32, {5}, Role::weight});
+  const TensorId lptr = g.add_tensor({"lptr", DType::i32, {5}, Role::input});
+  const TensorId lidx = g.add_tensor({"lidx", DType::i32, {7}, Role::input});
+  const std::vector<TensorId> in{h, index, w, b, lptr, lidx};
+  EXPECT_EQ(g.add_op("ffi_loss_grad", in, {{"loss", 0}}).size(), 3u);
+  EXPECT_EQ(g.add_op("ffi_loss_grad", in, {{"loss", 0}, {"with_loss", 0}}).size(), 3u);
+  const auto four = g.add_op("ffi_loss_grad", in, {{"loss", 0}, {"with_loss", 1}});
+  ASSERT_EQ(four.size(), 4u);
+  EXPECT_EQ(g.tensor(four[3]).shape, Shape{});
+  EXPECT_THROW(g.add_op("ffi_loss_grad", in, {{"loss", 0}, {"with_loss", 2}}), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Losses, FusedHead,

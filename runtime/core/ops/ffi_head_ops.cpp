@@ -7,12 +7,16 @@
 //
 //   ffi_loss(h[B,H], index[L,K], w[L,K], b[L], lptr i32[B+1], lidx i32[M];
 //            loss = 0 bce | 1 squared hinge | 2 softmax) -> scalar
-//   ffi_loss_grad(same inputs; loss, scale) -> dh[B,H], dw[L,K], db[L], loss
+//   ffi_loss_grad(same inputs; loss, scale, with_loss) -> dh[B,H], dw[L,K], db[L]
+//                                                        [, loss with with_loss = 1]
 //   ffi_topk(h, index, w, b; k) -> values[B,k], indices i32[B,k]
 //
-// ffi_loss_grad also gives the loss, as ffi_loss computes it: it forms every
-// logit for the gradient anyway, so a train step reads the loss from it and
-// never runs ffi_loss (one pass over the [B, L] logits instead of two).
+// With with_loss = 1, ffi_loss_grad also gives the loss, as ffi_loss computes
+// it: it forms every logit for the gradient anyway, so a train step reads the
+// loss from it and never runs ffi_loss (one pass over the [B, L] logits
+// instead of two). The backward builder sets it; without it the op has the
+// three outputs that files written before it store (their graphs are
+// rebuilt op by op when read).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -79,6 +83,7 @@ void add_ffi_loss(OpRegistry& r) {
     if (!needs[0] && !needs[2] && !needs[3]) return;
     Attrs a = fwd.attrs;
     a.set("scale", 1.0);
+    a.set("with_loss", 1.0);
     const TensorId h = fwd.inputs[0], w = fwd.inputs[2], b = fwd.inputs[3];
     const TensorId loss = fwd.outputs[0];
     const std::vector<TensorId> outs =
@@ -102,9 +107,16 @@ void add_ffi_loss(OpRegistry& r) {
     const double s = attrs.get("scale", 1.0);
     if (!std::isfinite(s))
       op_error("ffi_loss_grad", fmt::format("attribute scale must be finite, got {}", s));
+    const double with_loss = attrs.get("with_loss", 0.0);
+    if (!(with_loss == 0 || with_loss == 1))
+      op_error(
+          "ffi_loss_grad",
+          fmt::format("attribute with_loss = {} must be 0 or 1 (1: the loss as well)", with_loss));
     const DType dt = in[0]->dtype;
-    return {OutSpec{dt, in[0]->shape}, OutSpec{dt, in[1]->shape}, OutSpec{dt, in[3]->shape},
-            OutSpec{dt, Shape{}}};
+    std::vector<OutSpec> out{OutSpec{dt, in[0]->shape}, OutSpec{dt, in[1]->shape},
+                             OutSpec{dt, in[3]->shape}};
+    if (with_loss == 1) out.push_back(OutSpec{dt, Shape{}});
+    return out;
   };
   // The logits, then dw and dh: three multiply-adds per connection and row;
   // per logit its loss term and its gradient.
