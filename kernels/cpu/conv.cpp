@@ -44,9 +44,14 @@ void zero_outputs(const KernelArgs& a) {
 // ---- convolution ------------------------------------------------------------------
 
 // oneDNN's descriptors of one convolution: x[N,C,H,W], w[O,C/g,KH,KW] (as
-// g × O/g × C/g × KH × KW when grouped), y[N,O,OH,OW].
+// g × O/g × C/g × KH × KW when grouped), y[N,O,OH,OW]. `x`, `w` and `y` are
+// the operands' plain layouts; the primitives are made with `any` in their
+// place, so oneDNN picks its blocked layouts (nChw16c and the like, where
+// its direct convolutions run several times faster than im2col + GEMM on
+// plain NCHW) and the operands are reordered through the workspace.
 struct ConvMds {
   dnnl::memory::desc x, w, b, y;
+  dnnl::memory::desc x_any, w_any, y_any;
   dims strides, dilates, pad_l, pad_r;
 };
 
@@ -63,6 +68,9 @@ ConvMds conv_mds(const KernelAttrs& at, const TensorView& x, const TensorView& w
   else
     m.w = plain_md(dims_of(w));
   m.b = plain_md({w.shape[0]});
+  m.x_any = any_md(m.x.dims());
+  m.w_any = any_md(m.w.dims());
+  m.y_any = any_md(m.y.dims());
   m.strides = {win.sh, win.sw};
   m.dilates = {win.dh - 1, win.dw - 1};  // oneDNN counts dilation from 0
   m.pad_l = {win.ph, win.pw};
@@ -74,13 +82,12 @@ ConvMds conv_mds(const KernelAttrs& at, const TensorView& x, const TensorView& w
 }
 
 dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvMds& m, bool bias) {
-  const auto d = bias
-                     ? dnnl::convolution_forward::desc(prop_kind::forward_training,
-                                                       algorithm::convolution_direct, m.x, m.w, m.b,
-                                                       m.y, m.strides, m.dilates, m.pad_l, m.pad_r)
-                     : dnnl::convolution_forward::desc(prop_kind::forward_training,
-                                                       algorithm::convolution_direct, m.x, m.w, m.y,
-                                                       m.strides, m.dilates, m.pad_l, m.pad_r);
+  const auto d = bias ? dnnl::convolution_forward::desc(
+                            prop_kind::forward_training, algorithm::convolution_direct, m.x_any,
+                            m.w_any, m.b, m.y_any, m.strides, m.dilates, m.pad_l, m.pad_r)
+                      : dnnl::convolution_forward::desc(
+                            prop_kind::forward_training, algorithm::convolution_direct, m.x_any,
+                            m.w_any, m.y_any, m.strides, m.dilates, m.pad_l, m.pad_r);
   return {d, user_scratchpad(), cpu_engine()};
 }
 
@@ -88,9 +95,10 @@ void build_conv(const KernelArgs& a, PreparedSet& s) {
   const bool bias = a.n_in > 2;
   const ConvMds m = conv_mds(a.attrs, a.in[0], a.in[1], a.out[0]);
   const auto pd = conv_fwd_pd(m, bias);
-  std::vector<std::pair<int, int>> args = {
-      {DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_WEIGHTS, kIn + 1}, {DNNL_ARG_DST, kOut + 0}};
-  if (bias) args.push_back({DNNL_ARG_BIAS, kIn + 2});
+  std::vector<ArgOperand> args = {{DNNL_ARG_SRC, kIn + 0, m.x},
+                                  {DNNL_ARG_WEIGHTS, kIn + 1, m.w},
+                                  {DNNL_ARG_DST, kOut + 0, m.y}};
+  if (bias) args.push_back({DNNL_ARG_BIAS, kIn + 2, m.b});
   add_prim(s, dnnl::convolution_forward(pd), pd, args);
 }
 
@@ -98,27 +106,29 @@ void build_conv_grad_input(const KernelArgs& a, PreparedSet& s) {
   // dy plays y's part, dx x's.
   const ConvMds m = conv_mds(a.attrs, a.out[0], a.in[1], a.in[0]);
   const auto hint = conv_fwd_pd(m, false);
-  const dnnl::convolution_backward_data::desc d(algorithm::convolution_direct, m.x, m.w, m.y,
-                                                m.strides, m.dilates, m.pad_l, m.pad_r);
+  const dnnl::convolution_backward_data::desc d(algorithm::convolution_direct, m.x_any, m.w_any,
+                                                m.y_any, m.strides, m.dilates, m.pad_l, m.pad_r);
   const dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), cpu_engine(),
                                                            hint);
-  add_prim(
-      s, dnnl::convolution_backward_data(pd), pd,
-      {{DNNL_ARG_DIFF_DST, kIn + 0}, {DNNL_ARG_WEIGHTS, kIn + 1}, {DNNL_ARG_DIFF_SRC, kOut + 0}});
+  add_prim(s, dnnl::convolution_backward_data(pd), pd,
+           {{DNNL_ARG_DIFF_DST, kIn + 0, m.y},
+            {DNNL_ARG_WEIGHTS, kIn + 1, m.w},
+            {DNNL_ARG_DIFF_SRC, kOut + 0, m.x}});
 }
 
 void build_conv_grad_weight(const KernelArgs& a, PreparedSet& s) {
   const ConvMds m = conv_mds(a.attrs, a.in[1], a.out[0], a.in[0]);
   const auto hint = conv_fwd_pd(m, true);
-  const dnnl::convolution_backward_weights::desc d(algorithm::convolution_direct, m.x, m.w, m.b,
-                                                   m.y, m.strides, m.dilates, m.pad_l, m.pad_r);
+  const dnnl::convolution_backward_weights::desc d(algorithm::convolution_direct, m.x_any, m.w_any,
+                                                   m.b, m.y_any, m.strides, m.dilates, m.pad_l,
+                                                   m.pad_r);
   const dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), cpu_engine(),
                                                               hint);
   add_prim(s, dnnl::convolution_backward_weights(pd), pd,
-           {{DNNL_ARG_DIFF_DST, kIn + 0},
-            {DNNL_ARG_SRC, kIn + 1},
-            {DNNL_ARG_DIFF_WEIGHTS, kOut + 0},
-            {DNNL_ARG_DIFF_BIAS, kOut + 1}});
+           {{DNNL_ARG_DIFF_DST, kIn + 0, m.y},
+            {DNNL_ARG_SRC, kIn + 1, m.x},
+            {DNNL_ARG_DIFF_WEIGHTS, kOut + 0, m.w},
+            {DNNL_ARG_DIFF_BIAS, kOut + 1, m.b}});
 }
 
 template <const char* Name, void (*Build)(const KernelArgs&, PreparedSet&)>

@@ -45,24 +45,72 @@ PreparedSet& prepared(const char* op, const KernelArgs& a, const Builder& build)
   return ref;
 }
 
-Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
-                   std::vector<std::pair<int, int>> arg_operands) {
-  auto p = std::make_unique<Prepared>();
-  p->prim = std::move(prim);
+namespace {
+
+size_t aligned(size_t n) {
+  return (n + 63) / 64 * 64;
+}
+
+// A reorder between two layouts, its scratchpad user-managed.
+dnnl::reorder::primitive_desc reorder_pd(const dnnl::memory::desc& from,
+                                         const dnnl::memory::desc& to) {
   const dnnl::engine& e = cpu_engine();
-  for (auto [arg, operand] : arg_operands) {
-    const dnnl::memory::desc md = pd.query_md(dnnl::query::exec_arg_md, arg);
-    dnnl::memory mem(md, e, DNNL_MEMORY_NONE);
-    p->binds.push_back({arg, operand, mem});
-    p->args.emplace(arg, mem);
+  return dnnl::reorder::primitive_desc(e, from, e, to, user_scratchpad());
+}
+
+}  // namespace
+
+Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
+                   const std::vector<ArgOperand>& arg_operands) {
+  auto p = std::make_unique<Prepared>();
+  const dnnl::engine& e = cpu_engine();
+  size_t scratch = pd.scratchpad_desc().get_size();
+  // The reordered operands' regions follow the shared scratchpad region,
+  // whose size is known only once every reorder is made: offsets are kept
+  // relative to the first region's end and shifted at the end.
+  std::vector<Bind> regions;
+  size_t region_bytes = 0;
+  std::vector<Step> before, after;
+  Step main{std::move(prim), {}};
+  for (const ArgOperand& ao : arg_operands) {
+    const dnnl::memory::desc md = pd.query_md(dnnl::query::exec_arg_md, ao.arg);
+    const dnnl::memory::desc user = ao.user.data.ndims ? ao.user : md;
+    dnnl::memory operand(user, e, DNNL_MEMORY_NONE);
+    p->binds.push_back({ao.operand, 0, operand});
+    if (user == md) {
+      main.args.emplace(ao.arg, operand);
+      continue;
+    }
+    dnnl::memory inner(md, e, DNNL_MEMORY_NONE);
+    regions.push_back({kScratch, region_bytes, inner});
+    region_bytes += aligned(md.get_size());
+    main.args.emplace(ao.arg, inner);
+    const bool is_input = ao.operand < kOut;
+    const auto rpd = is_input ? reorder_pd(user, md) : reorder_pd(md, user);
+    scratch = std::max(scratch, rpd.scratchpad_desc().get_size());
+    Step r{dnnl::reorder(rpd), {}};
+    r.args.emplace(DNNL_ARG_FROM, is_input ? operand : inner);
+    r.args.emplace(DNNL_ARG_TO, is_input ? inner : operand);
+    (is_input ? before : after).push_back(std::move(r));
   }
-  const dnnl::memory::desc sp = pd.scratchpad_desc();
-  p->scratch_bytes = sp.get_size();
-  if (p->scratch_bytes) {
-    dnnl::memory mem(sp, e, DNNL_MEMORY_NONE);
-    p->binds.push_back({DNNL_ARG_SCRATCHPAD, kScratch, mem});
-    p->args.emplace(DNNL_ARG_SCRATCHPAD, mem);
+  scratch = aligned(scratch);
+  if (scratch) {
+    dnnl::memory sp(dnnl::memory::desc({static_cast<dnnl::memory::dim>(scratch)},
+                                       dnnl::memory::data_type::u8, dnnl::memory::format_tag::a),
+                    e, DNNL_MEMORY_NONE);
+    p->binds.push_back({kScratch, 0, sp});
+    main.args.emplace(DNNL_ARG_SCRATCHPAD, sp);
+    for (auto* steps : {&before, &after})
+      for (Step& s : *steps) s.args.emplace(DNNL_ARG_SCRATCHPAD, sp);
   }
+  for (Bind& r : regions) {
+    r.offset += scratch;
+    p->binds.push_back(r);
+  }
+  p->scratch_bytes = scratch + region_bytes;
+  for (Step& s : before) p->steps.push_back(std::move(s));
+  p->steps.push_back(std::move(main));
+  for (Step& s : after) p->steps.push_back(std::move(s));
   set.items.push_back(std::move(p));
   return *set.items.back();
 }
@@ -70,7 +118,7 @@ Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive
 void execute(Prepared& p, const KernelArgs& a) {
   std::lock_guard<std::mutex> lock(p.mu);
   for (Bind& b : p.binds) {
-    void* h = b.operand == kScratch ? a.workspace
+    void* h = b.operand == kScratch ? static_cast<char*>(a.workspace) + b.offset
               : b.operand >= kOut   ? a.out[b.operand - kOut].data
                                     : a.in[b.operand - kIn].data;
     b.mem.set_data_handle(h);
@@ -83,7 +131,7 @@ void execute(Prepared& p, const KernelArgs& a) {
   // A CPU stream holds no state between calls; one per thread avoids
   // sharing one between two sessions' workers.
   thread_local dnnl::stream stream(cpu_engine());
-  p.prim.execute(stream, p.args);
+  for (Step& s : p.steps) s.prim.execute(stream, s.args);
   stream.wait();
   omp_set_num_threads(before);
 }
@@ -108,6 +156,10 @@ dnnl::memory::desc plain_md(const dnnl::memory::dims& dims) {
       break;
   }
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, tag);
+}
+
+dnnl::memory::desc any_md(const dnnl::memory::dims& dims) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
 }
 
 dnnl::primitive_attr user_scratchpad() {

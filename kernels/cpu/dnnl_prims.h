@@ -22,24 +22,43 @@
 
 namespace pooch::kern::dnnl_cpu {
 
-// Where a primitive argument's bytes come from at launch.
-struct Bind {
-  int arg;      // DNNL_ARG_*
-  int operand;  // kIn + i, kOut + i, or kScratch
-  dnnl::memory mem;
-};
 inline constexpr int kIn = 0, kOut = 100, kScratch = 200;
 
-// One prepared call: a primitive, its argument map (memory objects whose
-// data handles are set at each launch) and its scratchpad size. Two sessions
-// may share an entry; its mutex serialises their launches, since the memory
-// objects are shared.
-struct Prepared {
+// Where a memory object's bytes come from at launch: an operand (kIn + i,
+// kOut + i) or the workspace (kScratch) at `offset`.
+struct Bind {
+  int operand;
+  size_t offset = 0;
+  dnnl::memory mem;
+};
+
+// One primitive run with its argument map.
+struct Step {
   dnnl::primitive prim;
-  std::vector<Bind> binds;
   std::unordered_map<int, dnnl::memory> args;
+};
+
+// One prepared call: its steps (reorders into the layouts the primitive
+// chose, the primitive, reorders back to the operands' plain layouts), the
+// memory objects whose data handles are set at each launch, and the
+// workspace it needs (the largest scratchpad, then one region per reordered
+// operand). Two sessions may share an entry; its mutex serialises their
+// launches, since the memory objects are shared.
+struct Prepared {
+  std::vector<Step> steps;
+  std::vector<Bind> binds;
   size_t scratch_bytes = 0;
   std::mutex mu;
+};
+
+// A primitive argument and the operand it reads or writes. `user` is the
+// operand's own (plain) layout; left empty it is taken to be the layout the
+// primitive asks for. Where the two differ, the operand is reordered through
+// a workspace region.
+struct ArgOperand {
+  int arg;      // DNNL_ARG_*
+  int operand;  // kIn + i or kOut + i
+  dnnl::memory::desc user = {};
 };
 
 // A set of primitives one kernel runs (batch normalisation's forward in
@@ -57,17 +76,24 @@ const dnnl::engine& cpu_engine();
 // (op name, dtypes, shapes, attributes), found afterwards.
 PreparedSet& prepared(const char* op, const KernelArgs& a, const Builder& build);
 
-// Adds a primitive with its descriptor's memory for each argument; `scratch`
-// from the primitive descriptor's scratchpad.
+// Adds a primitive bound to its operands. An argument whose layout the
+// primitive chose (format_tag::any: oneDNN's blocked layouts, where its
+// direct convolutions are fast) differs from its operand's `user` layout
+// gets a workspace region and a reorder: inputs before the primitive,
+// outputs after it. Scratchpads (the primitive's and the reorders') share
+// the workspace's first region, since the steps run one after another.
 Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
-                   std::vector<std::pair<int, int>> arg_operands);
+                   const std::vector<ArgOperand>& arg_operands);
 
-// Runs one prepared primitive on this call's operands, with the kernel
-// context's thread count.
+// Runs one prepared call on this call's operands, with the kernel context's
+// thread count.
 void execute(Prepared& p, const KernelArgs& a);
 
 // A plain (row-major) f32 memory descriptor of these dimensions.
 dnnl::memory::desc plain_md(const dnnl::memory::dims& dims);
+
+// An f32 descriptor of these dimensions whose layout the primitive chooses.
+dnnl::memory::desc any_md(const dnnl::memory::dims& dims);
 
 // Scratchpads are user-managed (their bytes are the arena workspace).
 dnnl::primitive_attr user_scratchpad();
