@@ -1,10 +1,9 @@
 // Fast CPU kernels of the convolutional family (docs/OPS.md,
 // "Convolutional") through oneDNN: convolution (forward, data and weight
-// gradients), batch normalisation, max, average and global average pooling,
-// on NCHW f32 tensors as the graph holds them. Primitives are built at plan
-// time (the workspace query, dnnl_prims.h) with their scratchpads in the
-// arena workspace. max pooling's gradient is a loop here: oneDNN's needs the
-// forward's workspace of argmax positions, which no graph tensor carries.
+// gradients), max, average and global average pooling, on NCHW f32 tensors as the graph holds them.
+// Primitives are built at plan time (the workspace query, dnnl_prims.h) with their scratchpads in
+// the arena workspace. max pooling's gradient is a loop here: oneDNN's needs the forward's
+// workspace of argmax positions, which no graph tensor carries.
 #include <omp.h>
 
 #include <algorithm>
@@ -152,119 +151,6 @@ constexpr char kConv[] = "conv2d";
 constexpr char kConvGI[] = "conv2d_grad_input";
 constexpr char kConvGW[] = "conv2d_grad_weight";
 
-// ---- batch normalisation ----------------------------------------------------------
-
-dnnl::memory::desc bn_md(const TensorView& x) {
-  return plain_md(dims_of(x));
-}
-
-dnnl::batch_normalization_forward::primitive_desc bn_fwd_pd(const dnnl::memory::desc& x, float eps,
-                                                            bool training) {
-  using nf = dnnl::normalization_flags;
-  const nf flags = training ? (nf::use_scale | nf::use_shift)
-                            : (nf::use_scale | nf::use_shift | nf::use_global_stats);
-  const dnnl::batch_normalization_forward::desc d(
-      training ? prop_kind::forward_training : prop_kind::forward_inference, x, eps, flags);
-  return {d, user_scratchpad(), cpu_engine()};
-}
-
-// Item 0: training (batch statistics into mean and var); item 1: inference
-// (running statistics read from the running mean and variance).
-void build_bn(const KernelArgs& a, PreparedSet& s) {
-  const auto x = bn_md(a.in[0]);
-  const auto eps = static_cast<float>(a.attrs.get("eps", 1e-5));
-  const auto tr = bn_fwd_pd(x, eps, true);
-  add_prim(s, dnnl::batch_normalization_forward(tr), tr,
-           {{DNNL_ARG_SRC, kIn + 0},
-            {DNNL_ARG_SCALE, kIn + 1},
-            {DNNL_ARG_SHIFT, kIn + 2},
-            {DNNL_ARG_DST, kOut + 0},
-            {DNNL_ARG_MEAN, kOut + 1},
-            {DNNL_ARG_VARIANCE, kOut + 2}});
-  const auto inf = bn_fwd_pd(x, eps, false);
-  add_prim(s, dnnl::batch_normalization_forward(inf), inf,
-           {{DNNL_ARG_SRC, kIn + 0},
-            {DNNL_ARG_SCALE, kIn + 1},
-            {DNNL_ARG_SHIFT, kIn + 2},
-            {DNNL_ARG_MEAN, kIn + 3},
-            {DNNL_ARG_VARIANCE, kIn + 4},
-            {DNNL_ARG_DST, kOut + 0}});
-}
-
-constexpr char kBn[] = "batchnorm";
-
-void batchnorm(const KernelArgs& a) {
-  const int64_t C = a.in[0].shape[1];
-  const bool training = !a.ctx || a.ctx->training;
-  float* rmean = a.in[3].as<float>();
-  float* rvar = a.in[4].as<float>();
-  float* mean = a.out[1].as<float>();
-  float* var = a.out[2].as<float>();
-  if (a.in[0].numel() == 0) {
-    // No values: the statistics of nothing are 0 (as the reference), and
-    // the running averages move toward them.
-    const double mom = a.attrs.get("momentum", 0.1);
-    for (int64_t c = 0; c < C; ++c) {
-      if (training) {
-        rmean[c] = static_cast<float>((1 - mom) * rmean[c]);
-        rvar[c] = static_cast<float>((1 - mom) * rvar[c]);
-        mean[c] = var[c] = 0.f;
-      } else {
-        mean[c] = rmean[c];
-        var[c] = rvar[c];
-      }
-    }
-    return;
-  }
-  PreparedSet& s = prepared(kBn, a, build_bn);
-  if (!training) {
-    execute(*s.items[1], a);
-    std::memcpy(mean, rmean, static_cast<size_t>(C) * 4);
-    std::memcpy(var, rvar, static_cast<size_t>(C) * 4);
-    return;
-  }
-  execute(*s.items[0], a);
-  // oneDNN leaves the running averages to the caller (PyTorch's rule: the
-  // running variance takes the unbiased estimate).
-  const double mom = a.attrs.get("momentum", 0.1);
-  const int64_t count = a.in[0].numel() / C;
-  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1;
-  for (int64_t c = 0; c < C; ++c) {
-    rmean[c] = static_cast<float>((1 - mom) * rmean[c] + mom * mean[c]);
-    rvar[c] = static_cast<float>((1 - mom) * rvar[c] + mom * var[c] * unbias);
-  }
-}
-
-size_t batchnorm_workspace(const KernelArgs& a) {
-  if (a.in[0].numel() == 0) return 0;
-  return prepared(kBn, a, build_bn).scratch_bytes();
-}
-
-void build_bn_grad(const KernelArgs& a, PreparedSet& s) {
-  using nf = dnnl::normalization_flags;
-  const auto x = bn_md(a.in[1]);
-  const auto eps = static_cast<float>(a.attrs.get("eps", 1e-5));
-  const auto hint = bn_fwd_pd(x, eps, true);
-  const dnnl::batch_normalization_backward::desc d(prop_kind::backward, x, x, eps,
-                                                   nf::use_scale | nf::use_shift);
-  const dnnl::batch_normalization_backward::primitive_desc pd(d, user_scratchpad(), cpu_engine(),
-                                                              hint);
-  add_prim(s, dnnl::batch_normalization_backward(pd), pd,
-           {{DNNL_ARG_DIFF_DST, kIn + 0},
-            {DNNL_ARG_SRC, kIn + 1},
-            {DNNL_ARG_SCALE, kIn + 2},
-            // oneDNN 2.6 asks for the shift with use_shift but never reads it
-            // (the gradient does not depend on β): γ's bytes stand in.
-            {DNNL_ARG_SHIFT, kIn + 2},
-            {DNNL_ARG_MEAN, kIn + 3},
-            {DNNL_ARG_VARIANCE, kIn + 4},
-            {DNNL_ARG_DIFF_SRC, kOut + 0},
-            {DNNL_ARG_DIFF_SCALE, kOut + 1},
-            {DNNL_ARG_DIFF_SHIFT, kOut + 2}});
-}
-
-constexpr char kBnGrad[] = "batchnorm_grad";
-
 // ---- pooling ------------------------------------------------------------------------
 
 // x[N,C,H,W] -> y[N,C,OH,OW] with the op's window (or the whole image).
@@ -392,9 +278,6 @@ std::vector<KernelVariant> cpu_conv_kernels() {
                   prim_workspace<kConvGI, build_conv_grad_input>),
       dnnl_kernel("conv2d_grad_weight", run_prim<kConvGW, build_conv_grad_weight>,
                   prim_workspace<kConvGW, build_conv_grad_weight>),
-      dnnl_kernel("batchnorm", batchnorm, batchnorm_workspace),
-      dnnl_kernel("batchnorm_grad", run_prim<kBnGrad, build_bn_grad>,
-                  prim_workspace<kBnGrad, build_bn_grad>),
       dnnl_kernel("maxpool2d", run_prim<kMaxPool, build_maxpool>,
                   prim_workspace<kMaxPool, build_maxpool>),
       KernelVariant{"maxpool2d_grad", "omp", maxpool_grad, nullptr, true, f32_operands},

@@ -14,6 +14,7 @@ std::vector<KernelVariant> cpu_ffi_head_kernels();  // part of cpu_sparse_kernel
 std::vector<KernelVariant> cpu_loss_kernels();
 std::vector<KernelVariant> cpu_optim_kernels();
 std::vector<KernelVariant> cpu_conv_kernels();  // oneDNN
+std::vector<KernelVariant> cpu_batchnorm_kernels();
 std::vector<KernelVariant> cpu_lm_kernels();
 
 const std::vector<KernelVariant>& cpu_kernels();
