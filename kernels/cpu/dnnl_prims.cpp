@@ -71,7 +71,7 @@ Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive
   std::vector<Bind> regions;
   size_t region_bytes = 0;
   std::vector<Step> before, after;
-  Step main{std::move(prim), {}};
+  Step main{std::move(prim), {}, nullptr};
   for (const ArgOperand& ao : arg_operands) {
     const dnnl::memory::desc md = pd.query_md(dnnl::query::exec_arg_md, ao.arg);
     const dnnl::memory::desc user = ao.user.data.ndims ? ao.user : md;
@@ -86,9 +86,13 @@ Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive
     region_bytes += aligned(md.get_size());
     main.args.emplace(ao.arg, inner);
     const bool is_input = ao.operand < kOut;
-    const auto rpd = is_input ? reorder_pd(user, md) : reorder_pd(md, user);
-    scratch = std::max(scratch, rpd.scratchpad_desc().get_size());
-    Step r{dnnl::reorder(rpd), {}};
+    Step r;
+    if (!is_input && user == plain_md(md.dims())) r.copy = BlockedToPlain::make(md);
+    if (!r.copy) {
+      const auto rpd = is_input ? reorder_pd(user, md) : reorder_pd(md, user);
+      scratch = std::max(scratch, rpd.scratchpad_desc().get_size());
+      r.prim = dnnl::reorder(rpd);
+    }
     r.args.emplace(DNNL_ARG_FROM, is_input ? operand : inner);
     r.args.emplace(DNNL_ARG_TO, is_input ? inner : operand);
     (is_input ? before : after).push_back(std::move(r));
@@ -101,7 +105,8 @@ Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive
     p->binds.push_back({kScratch, 0, sp});
     main.args.emplace(DNNL_ARG_SCRATCHPAD, sp);
     for (auto* steps : {&before, &after})
-      for (Step& s : *steps) s.args.emplace(DNNL_ARG_SCRATCHPAD, sp);
+      for (Step& s : *steps)
+        if (!s.copy) s.args.emplace(DNNL_ARG_SCRATCHPAD, sp);
   }
   for (Bind& r : regions) {
     r.offset += scratch;
@@ -131,7 +136,15 @@ void execute(Prepared& p, const KernelArgs& a) {
   // A CPU stream holds no state between calls; one per thread avoids
   // sharing one between two sessions' workers.
   thread_local dnnl::stream stream(cpu_engine());
-  for (Step& s : p.steps) s.prim.execute(stream, s.args);
+  for (Step& s : p.steps) {
+    if (!s.copy) {
+      s.prim.execute(stream, s.args);
+      continue;
+    }
+    stream.wait();  // the primitive that wrote its input has finished
+    s.copy->run(static_cast<const float*>(s.args.at(DNNL_ARG_FROM).get_data_handle()),
+                static_cast<float*>(s.args.at(DNNL_ARG_TO).get_data_handle()), nt);
+  }
   stream.wait();
   omp_set_num_threads(before);
 }

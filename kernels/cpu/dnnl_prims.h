@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../common/kernel_abi.h"
+#include "blocked_to_plain.h"
 
 namespace pooch::kern::dnnl_cpu {
 
@@ -32,10 +33,12 @@ struct Bind {
   dnnl::memory mem;
 };
 
-// One primitive run with its argument map.
+// One primitive run with its argument map, or (where `copy` is set) a copy
+// from args[DNNL_ARG_FROM], blocked, to args[DNNL_ARG_TO], plain.
 struct Step {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
+  std::shared_ptr<const BlockedToPlain> copy;
 };
 
 // One prepared call: its steps (reorders into the layouts the primitive
