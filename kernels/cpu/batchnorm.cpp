@@ -27,10 +27,6 @@ BnDims bn_dims(const TensorView& x) {
   return {x.shape[0], x.shape[1], x.ndim == 4 ? x.shape[2] * x.shape[3] : 1};
 }
 
-int threads_of(const KernelArgs& a) {
-  return a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
-}
-
 // Σ x over one channel.
 double channel_sum(const float* x, const BnDims& d) {
   double s = 0;

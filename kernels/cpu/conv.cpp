@@ -237,7 +237,7 @@ void maxpool_grad(const KernelArgs& a) {
   float* dx = a.out[0].as<float>();
   const int64_t NC = a.in[1].shape[0] * a.in[1].shape[1], H = a.in[1].shape[2],
                 W = a.in[1].shape[3], OH = a.in[0].shape[2], OW = a.in[0].shape[3];
-  const int nt = a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
+  const int nt = threads_of(a);
 #pragma omp parallel for num_threads(nt) if (NC * H * W > 32768) schedule(static)
   for (int64_t i = 0; i < NC; ++i) {
     const float* img = x + i * H * W;

@@ -8,6 +8,11 @@
 
 namespace pooch::kern {
 
+// The threads a kernel may use: its context's count, or 1 without one.
+inline int threads_of(const KernelArgs& a) {
+  return a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
+}
+
 std::vector<KernelVariant> cpu_dense_kernels();
 std::vector<KernelVariant> cpu_sparse_kernels();
 std::vector<KernelVariant> cpu_ffi_head_kernels();  // part of cpu_sparse_kernels()

@@ -37,10 +37,6 @@ constexpr int64_t kGrainMath = int64_t{1} << 12;
 // block (2 × 64 × 8 bytes) stay in L1 while rows stream past.
 constexpr int64_t kColBlock = 64;
 
-int threads_of(const KernelArgs& a) {
-  return a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
-}
-
 // OpenBLAS takes 32-bit dimensions and rejects a leading dimension of 0, so
 // callers handle empty operands themselves before reaching it.
 blasint bi(int64_t v) {

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "../common/call_key.h"
+#include "cpu_kernels.h"
 
 namespace pooch::kern::dnnl_cpu {
 namespace {
@@ -131,7 +132,7 @@ void execute(Prepared& p, const KernelArgs& a) {
   // oneDNN's OpenMP runtime takes the calling thread's team size: the
   // kernel context's thread count, restored afterwards for the host's code.
   const int before = omp_get_max_threads();
-  const int nt = a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
+  const int nt = threads_of(a);
   omp_set_num_threads(nt);
   // A CPU stream holds no state between calls; one per thread avoids
   // sharing one between two sessions' workers.

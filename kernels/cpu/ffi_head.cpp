@@ -66,10 +66,6 @@ constexpr size_t kAlign = 64;
 
 enum class Loss { bce = 0, hinge = 1, xent = 2 };
 
-int threads_of(const KernelArgs& a) {
-  return a.ctx && a.ctx->threads > 1 ? a.ctx->threads : 1;
-}
-
 // Per-thread scratch is sized when the plan is made, which knows no thread
 // count: for up to kMaxSlots threads, or the process's OpenMP default if
 // fewer. A call then uses as many threads as the session asks and the

@@ -35,10 +35,6 @@ constexpr int64_t kColBlock = 64;
 constexpr int64_t kHeadRows = 512;
 constexpr int64_t kHeadChunk = 4096;
 
-int threads_of(const KernelArgs& a) {
-  return a.ctx && a.ctx->threads > 0 ? a.ctx->threads : 1;
-}
-
 blasint bi(int64_t v) {
   return static_cast<blasint>(v);
 }

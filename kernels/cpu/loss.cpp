@@ -26,10 +26,6 @@ namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kGrain = 1 << 15;
 
-int threads_of(const KernelArgs& a) {
-  return a.ctx && a.ctx->threads > 1 ? a.ctx->threads : 1;
-}
-
 // x[..., L] as [b, L]: every dimension but the last counts rows (the
 // label-CSR losses are rank 2 only; shape inference sees to it). Read into
 // plain variables, not a structured binding: clang (the sanitizer build)

@@ -16,10 +16,6 @@ namespace {
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kGrain = 1 << 15;
 
-int threads_of(const KernelArgs& a) {
-  return a.ctx && a.ctx->threads > 1 ? a.ctx->threads : 1;
-}
-
 using Sgd = SgdParams;
 using Adam = AdamParams;
 

@@ -18,10 +18,6 @@ namespace {
 // Below this many multiply-adds a parallel region costs more than it saves.
 constexpr int64_t kGrain = int64_t{1} << 16;
 
-int threads_of(const KernelArgs& a) {
-  return a.ctx != nullptr && a.ctx->threads > 1 ? a.ctx->threads : 1;
-}
-
 bool all_f32(const KernelArgs& a) {
   for (int i = 0; i < a.n_in; ++i)
     if (dtype_is_float(a.in[i].dtype) && a.in[i].dtype != DType::f32) return false;
