@@ -99,8 +99,12 @@ void batchnorm(const KernelArgs& a) {
     mean_out[c] = static_cast<float>(mean);
     var_out[c] = static_cast<float>(var);
     const double scale = gamma[c] / std::sqrt(var + eps);
-    channel_normalise(xc, y + c * d.S, d, static_cast<float>(mean), static_cast<float>(scale),
-                      beta[c]);
+    // The loop subtracts the mean rounded to float; what rounding took off
+    // goes into the shift, in double, so a large mean loses nothing.
+    const float fmean = static_cast<float>(mean);
+    const double shift = beta[c] - (mean - fmean) * scale;
+    channel_normalise(xc, y + c * d.S, d, fmean, static_cast<float>(scale),
+                      static_cast<float>(shift));
   }
 }
 

@@ -12,7 +12,7 @@ std::shared_ptr<const BlockedToPlain> BlockedToPlain::make(const dnnl::memory::d
       d.format_desc.blocking.inner_nblks == 0)
     return nullptr;
   auto copy = std::make_shared<const BlockedToPlain>(from);
-  const bool fast = copy->shortest_run_ >= 16 && copy->run_gap_ * 4 >= 4096;
+  const bool fast = copy->shortest_run_ >= 16 && copy->run_gap_ >= 4096 / 4;
   return fast ? copy : nullptr;
 }
 

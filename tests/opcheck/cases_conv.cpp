@@ -78,6 +78,21 @@ void batchnorm_cases(Rng& rng, std::vector<OpCase>& out) {
       k.label = fmt::format("x={} {}", shape_str(s), training ? "training" : "inference");
       out.push_back(std::move(k));
     }
+  // Channels whose mean (100) is large against their spread (0.01): the
+  // normalised values must not carry the mean's rounding error (forward
+  // only; finite differences at this spread say little).
+  OpCase k;
+  k.op = "batchnorm";
+  k.inputs = {randn(rng, {4, 6, 5, 5}, "x", 0.01), randn(rng, {6}, "gamma"),
+              randn(rng, {6}, "beta"), randn(rng, {6}, "running_mean"),
+              randn(rng, {6}, "running_var")};
+  for (double& v : k.inputs[0].values) v += 100;
+  for (double& v : k.inputs[4].values) v = 0.5 + std::fabs(v);
+  k.attrs.set("eps", 1e-5).set("momentum", 0.1);
+  k.rtol = 1e-4;
+  k.atol = 2e-5;
+  k.label = "x=[4,6,5,5] mean 100, spread 0.01";
+  out.push_back(std::move(k));
 }
 
 // Values with no ties inside a window: a central difference at a tie
