@@ -38,7 +38,9 @@ struct TensorView {
   }
   int64_t cols() const { return ndim == 0 ? 1 : shape[ndim - 1]; }
   template <class T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 // Scalar attributes by name (integers are stored exactly as doubles up to
@@ -78,11 +80,18 @@ struct KernelAttrs {
 
 // Per-step values, owned by the executor; kernels read them at launch.
 struct KernelContext {
-  uint64_t seed = 0;  // the session's seed
-  uint64_t step = 0;  // optimizer step counter, starting at 1 for the first update
-  int threads = 1;    // CPU threads a kernel may use
-  int training = 1;   // 0 in inference: dropout passes its input through
+  uint64_t seed = 0;      // the session's seed
+  uint64_t step = 0;      // optimizer step counter, starting at 1 for the first update
+  int threads = 1;        // CPU threads a kernel may use
+  int training = 1;       // 0 in inference: dropout passes its input through
   double lr_scale = 1.0;  // learning-rate schedule factor the optimizer updates apply
+};
+
+// What the CPU backend passes as KernelArgs::device: the threads its kernels
+// run with. oneDNN's primitives take their thread count when they are made,
+// at plan time, where no KernelContext exists yet.
+struct CpuDevice {
+  int threads = 1;
 };
 
 struct KernelArgs {
@@ -96,7 +105,8 @@ struct KernelArgs {
   const KernelContext* ctx = nullptr;
   void* stream = nullptr;  // backend-specific stream handle (CUDA); null on the CPU
   // The device the kernel is planned for, as its backend describes it (CUDA:
-  // a kern::cuda::LaunchEnv*; null on the CPU). Set before `supports` and
+  // a kern::cuda::LaunchEnv*; the CPU: a CpuDevice*; null for a kernel run
+  // on the host beside another device). Set before `supports` and
   // `workspace` are asked, so neither reads process-global state.
   const void* device = nullptr;
 };
@@ -114,8 +124,8 @@ struct KernelVariant {
   const char* op;       // op kind, e.g. "linear"
   const char* variant;  // e.g. "ref", "blas", "atomic", "deterministic"
   KernelFn fn;
-  WorkspaceFn workspace;  // may be null: no scratch needed
-  bool deterministic;     // bitwise reproducible run to run
+  WorkspaceFn workspace;          // may be null: no scratch needed
+  bool deterministic;             // bitwise reproducible run to run
   SupportsFn supports = nullptr;  // null: every argument set the op accepts
 };
 

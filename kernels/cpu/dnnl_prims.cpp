@@ -32,15 +32,31 @@ const dnnl::engine& cpu_engine() {
   return e;
 }
 
+int prim_threads(const KernelArgs& a) {
+  return a.device ? static_cast<const CpuDevice*>(a.device)->threads : threads_of(a);
+}
+
 PreparedSet& prepared(const char* op, const KernelArgs& a, const Builder& build) {
-  const CallKey k = call_key(op, a);
+  // The thread count is part of the key: a primitive runs with the count
+  // OpenMP gave when it was made, whatever is set at launch.
+  const int threads = prim_threads(a);
+  CallKey k = call_key(op, a);
+  k.add("|threads=%d", threads);
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = cache().find(k.view());
   if (it != cache().end()) return *it->second;
   // First sight: normally at plan time (the workspace query). A launch that
   // finds nothing (a caller that skipped planning) builds it here instead.
   auto set = std::make_unique<PreparedSet>();
-  build(a, *set);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  try {
+    build(a, *set);
+  } catch (...) {
+    omp_set_num_threads(before);
+    throw;
+  }
+  omp_set_num_threads(before);
   PreparedSet& ref = *set;
   cache().emplace(std::string(k.view()), std::move(set));
   return ref;
@@ -132,7 +148,7 @@ void execute(Prepared& p, const KernelArgs& a) {
   // oneDNN's OpenMP runtime takes the calling thread's team size: the
   // kernel context's thread count, restored afterwards for the host's code.
   const int before = omp_get_max_threads();
-  const int nt = threads_of(a);
+  const int nt = prim_threads(a);
   omp_set_num_threads(nt);
   // A CPU stream holds no state between calls; one per thread avoids
   // sharing one between two sessions' workers.

@@ -154,6 +154,37 @@ contains "zero height refused" zero_height.err 'zero_height.npy: the array \(4, 
 contains "huge image refused" huge_width.err 'huge_width.npy: the array \(0, 4, 9223372036854775807, 8\) is empty'
 contains "no images refused" no_images.err 'no_images.npy: the array \(0, 8, 8, 1\) is empty'
 
+# --threads 1 keeps to one core. oneDNN's primitives take their thread count
+# when they are made (at plan time), so one made with OpenMP's default ran
+# a 1-thread session's convolutions on every core. 64 random 64x64 images
+# (convolutions large enough for oneDNN to split): the CPU time (user +
+# system) may not pass the wall time by more than the input thread's share.
+npy_header() {  # FILE DESCR SHAPE: a .npy header padded to 64 bytes
+  local h="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
+  while [ $(((10 + ${#h} + 1) % 64)) != 0 ]; do h="$h "; done
+  h="$h"$'\n'
+  printf '\x93NUMPY\x01\x00' > "$1"
+  printf "\\x$(printf %02x $((${#h} % 256)))\\x$(printf %02x $((${#h} / 256)))" >> "$1"
+  printf '%s' "$h" >> "$1"
+}
+npy_header big_x.npy '|u1' '(64, 64, 64, 3)'
+head -c $((64 * 64 * 64 * 3)) /dev/urandom >> big_x.npy
+npy_header big_y.npy '<i4' '(64,)'
+head -c 256 /dev/zero >> big_y.npy
+echo '{"family": "resnet", "depth": 18}' > resnet18.json
+TIMEFORMAT='%R %U %S'
+{ time "$RUN" train --data big_x.npy --targets big_y.npy --spec resnet18.json --epochs 1 \
+  --batch 8 --valid-fraction 0 --optimizer sgd --out big.pooch --threads 1 --device cpu \
+  > one_thread.out 2> one_thread.err; } 2> one_thread.time
+read -r wall user sys < <(tail -n 1 one_thread.time)
+echo "     --threads 1: ${wall} s wall, ${user} s user, ${sys} s system"
+if awk -v w="$wall" -v u="$user" -v s="$sys" 'BEGIN { exit !(u + s <= 1.1 * w + 0.1) }'; then
+  pass "--threads 1 uses one core"
+else
+  fail "--threads 1 used ${user} + ${sys} s of CPU in ${wall} s"
+  tail -n 3 one_thread.err | sed 's/^/    | /'
+fi
+
 if [ "$failures" -gt 0 ]; then
   echo "$failures check(s) failed"
   exit 1

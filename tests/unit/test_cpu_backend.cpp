@@ -517,8 +517,10 @@ bool supports(const kern::KernelVariant* k, const kern::KernelArgs& a) {
 }
 
 TEST(CpuKernels, SupportsRefusesWhatAKernelCannotCompute) {
-  auto b = make_cpu_backend(CpuBackendParams{});
-  EXPECT_EQ(b->kernel_device(), nullptr);  // a CPU kernel needs nothing from its device
+  auto b = make_cpu_backend(CpuBackendParams{0, 3});
+  // What a CPU kernel takes from its device at plan time: the thread count.
+  ASSERT_NE(b->kernel_device(), nullptr);
+  EXPECT_EQ(static_cast<const kern::CpuDevice*>(b->kernel_device())->threads, 3);
   const kern::KernelVariant* relu = b->find_kernel("relu");
   ASSERT_NE(relu, nullptr);
   EXPECT_TRUE(

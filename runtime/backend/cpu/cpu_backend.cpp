@@ -102,6 +102,7 @@ CpuBackend::CpuBackend(const CpuBackendParams& p)
                 fmt::format("cpu backend: threads is {}; pass a positive count, or 0 for all cores",
                             p.threads));
   threads_ = resolve_threads(p.threads);
+  device_.threads = threads_;
   // OpenBLAS runs this many threads too (its pool grows to it on demand;
   // pooch-run starts it without one). OpenMP regions name theirs.
   openblas_set_num_threads(threads_);

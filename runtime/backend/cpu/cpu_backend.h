@@ -55,6 +55,8 @@ class CpuBackend final : public Backend {
 
   // Threads a kernel may use (what the executor puts in KernelContext).
   int threads() const { return threads_; }
+  // The same count, for what kernels prepare at plan time.
+  const void* kernel_device() const override { return &device_; }
 
  private:
   StreamWorker& worker(Stream s, const char* call);
@@ -62,6 +64,7 @@ class CpuBackend final : public Backend {
 
   size_t budget_ = 0;
   int threads_ = 1;
+  kern::CpuDevice device_;
   double link_bandwidth_ = 0, link_latency_ = 0;
   bool arena_reserved_ = false;
   std::byte* arena_ = nullptr;
