@@ -90,7 +90,7 @@ dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvMds& m, bool bia
   return {d, user_scratchpad(), cpu_engine()};
 }
 
-void build_conv(const KernelArgs& a, PreparedSet& s) {
+void build_conv(const KernelArgs& a, Prepared& s) {
   const bool bias = a.n_in > 2;
   const ConvMds m = conv_mds(a.attrs, a.in[0], a.in[1], a.out[0]);
   const auto pd = conv_fwd_pd(m, bias);
@@ -101,7 +101,7 @@ void build_conv(const KernelArgs& a, PreparedSet& s) {
   add_prim(s, dnnl::convolution_forward(pd), pd, args);
 }
 
-void build_conv_grad_input(const KernelArgs& a, PreparedSet& s) {
+void build_conv_grad_input(const KernelArgs& a, Prepared& s) {
   // dy plays y's part, dx x's.
   const ConvMds m = conv_mds(a.attrs, a.out[0], a.in[1], a.in[0]);
   const auto hint = conv_fwd_pd(m, false);
@@ -115,7 +115,7 @@ void build_conv_grad_input(const KernelArgs& a, PreparedSet& s) {
             {DNNL_ARG_DIFF_SRC, kOut + 0, m.x}});
 }
 
-void build_conv_grad_weight(const KernelArgs& a, PreparedSet& s) {
+void build_conv_grad_weight(const KernelArgs& a, Prepared& s) {
   const ConvMds m = conv_mds(a.attrs, a.in[1], a.out[0], a.in[0]);
   const auto hint = conv_fwd_pd(m, true);
   const dnnl::convolution_backward_weights::desc d(algorithm::convolution_direct, m.x_any, m.w_any,
@@ -130,13 +130,13 @@ void build_conv_grad_weight(const KernelArgs& a, PreparedSet& s) {
             {DNNL_ARG_DIFF_BIAS, kOut + 1, m.b}});
 }
 
-template <const char* Name, void (*Build)(const KernelArgs&, PreparedSet&)>
+template <const char* Name, void (*Build)(const KernelArgs&, Prepared&)>
 size_t prim_workspace(const KernelArgs& a) {
   if (any_empty(a)) return 0;
-  return prepared(Name, a, Build).scratch_bytes();
+  return prepared(Name, a, Build).scratch_bytes;
 }
 
-template <const char* Name, void (*Build)(const KernelArgs&, PreparedSet&)>
+template <const char* Name, void (*Build)(const KernelArgs&, Prepared&)>
 void run_prim(const KernelArgs& a) {
   if (any_empty(a)) {
     // An empty batch still has a (zero) weight gradient; an empty window set
@@ -144,7 +144,7 @@ void run_prim(const KernelArgs& a) {
     zero_outputs(a);
     return;
   }
-  execute(*prepared(Name, a, Build).items[0], a);
+  execute(prepared(Name, a, Build), a);
 }
 
 constexpr char kConv[] = "conv2d";
@@ -171,20 +171,20 @@ algorithm avg_alg(const KernelAttrs& at) {
                                          : algorithm::pooling_avg_exclude_padding;
 }
 
-void build_maxpool(const KernelArgs& a, PreparedSet& s) {
+void build_maxpool(const KernelArgs& a, Prepared& s) {
   const auto pd = pool_fwd_pd(algorithm::pooling_max, a.in[0], a.out[0], window_of(a.attrs),
                               prop_kind::forward_inference);
   add_prim(s, dnnl::pooling_forward(pd), pd, {{DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_DST, kOut + 0}});
 }
 
-void build_avgpool(const KernelArgs& a, PreparedSet& s) {
+void build_avgpool(const KernelArgs& a, Prepared& s) {
   const auto pd = pool_fwd_pd(avg_alg(a.attrs), a.in[0], a.out[0], window_of(a.attrs),
                               prop_kind::forward_inference);
   add_prim(s, dnnl::pooling_forward(pd), pd, {{DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_DST, kOut + 0}});
 }
 
 // dy -> dx through oneDNN's average pooling backward (no workspace needed).
-void build_avgpool_bwd(const KernelArgs& a, const Window& w, algorithm alg, PreparedSet& s) {
+void build_avgpool_bwd(const KernelArgs& a, const Window& w, algorithm alg, Prepared& s) {
   const TensorView& dy = a.in[0];
   const TensorView& dx = a.out[0];
   const auto hint = pool_fwd_pd(alg, dx, dy, w, prop_kind::forward_training);
@@ -199,7 +199,7 @@ void build_avgpool_bwd(const KernelArgs& a, const Window& w, algorithm alg, Prep
            {{DNNL_ARG_DIFF_DST, kIn + 0}, {DNNL_ARG_DIFF_SRC, kOut + 0}});
 }
 
-void build_avgpool_grad(const KernelArgs& a, PreparedSet& s) {
+void build_avgpool_grad(const KernelArgs& a, Prepared& s) {
   build_avgpool_bwd(a, window_of(a.attrs), avg_alg(a.attrs), s);
 }
 
@@ -211,13 +211,13 @@ Window whole(const TensorView& img) {
   return w;
 }
 
-void build_gap(const KernelArgs& a, PreparedSet& s) {
+void build_gap(const KernelArgs& a, Prepared& s) {
   const auto pd = pool_fwd_pd(algorithm::pooling_avg_include_padding, a.in[0], a.out[0],
                               whole(a.in[0]), prop_kind::forward_inference);
   add_prim(s, dnnl::pooling_forward(pd), pd, {{DNNL_ARG_SRC, kIn + 0}, {DNNL_ARG_DST, kOut + 0}});
 }
 
-void build_gap_grad(const KernelArgs& a, PreparedSet& s) {
+void build_gap_grad(const KernelArgs& a, Prepared& s) {
   build_avgpool_bwd(a, whole(a.out[0]), algorithm::pooling_avg_include_padding, s);
 }
 

@@ -13,19 +13,12 @@ namespace pooch::kern::dnnl_cpu {
 namespace {
 
 std::mutex g_mu;
-std::unordered_map<std::string, std::unique_ptr<PreparedSet>, KeyHash, KeyEq>& cache() {
-  static auto* c =
-      new std::unordered_map<std::string, std::unique_ptr<PreparedSet>, KeyHash, KeyEq>();
+std::unordered_map<std::string, std::unique_ptr<Prepared>, KeyHash, KeyEq>& cache() {
+  static auto* c = new std::unordered_map<std::string, std::unique_ptr<Prepared>, KeyHash, KeyEq>();
   return *c;
 }
 
 }  // namespace
-
-size_t PreparedSet::scratch_bytes() const {
-  size_t m = 0;
-  for (const auto& p : items) m = std::max(m, p->scratch_bytes);
-  return m;
-}
 
 const dnnl::engine& cpu_engine() {
   static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
@@ -36,7 +29,7 @@ int prim_threads(const KernelArgs& a) {
   return a.device ? static_cast<const CpuDevice*>(a.device)->threads : threads_of(a);
 }
 
-PreparedSet& prepared(const char* op, const KernelArgs& a, const Builder& build) {
+Prepared& prepared(const char* op, const KernelArgs& a, const Builder& build) {
   // The thread count is part of the key: a primitive runs with the count
   // OpenMP gave when it was made, whatever is set at launch.
   const int threads = prim_threads(a);
@@ -47,18 +40,18 @@ PreparedSet& prepared(const char* op, const KernelArgs& a, const Builder& build)
   if (it != cache().end()) return *it->second;
   // First sight: normally at plan time (the workspace query). A launch that
   // finds nothing (a caller that skipped planning) builds it here instead.
-  auto set = std::make_unique<PreparedSet>();
+  auto prep = std::make_unique<Prepared>();
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
   try {
-    build(a, *set);
+    build(a, *prep);
   } catch (...) {
     omp_set_num_threads(before);
     throw;
   }
   omp_set_num_threads(before);
-  PreparedSet& ref = *set;
-  cache().emplace(std::string(k.view()), std::move(set));
+  Prepared& ref = *prep;
+  cache().emplace(std::string(k.view()), std::move(prep));
   return ref;
 }
 
@@ -77,9 +70,8 @@ dnnl::reorder::primitive_desc reorder_pd(const dnnl::memory::desc& from,
 
 }  // namespace
 
-Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
-                   const std::vector<ArgOperand>& arg_operands) {
-  auto p = std::make_unique<Prepared>();
+void add_prim(Prepared& p, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
+              const std::vector<ArgOperand>& arg_operands) {
   const dnnl::engine& e = cpu_engine();
   size_t scratch = pd.scratchpad_desc().get_size();
   // The reordered operands' regions follow the shared scratchpad region,
@@ -93,7 +85,7 @@ Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive
     const dnnl::memory::desc md = pd.query_md(dnnl::query::exec_arg_md, ao.arg);
     const dnnl::memory::desc user = ao.user.data.ndims ? ao.user : md;
     dnnl::memory operand(user, e, DNNL_MEMORY_NONE);
-    p->binds.push_back({ao.operand, 0, operand});
+    p.binds.push_back({ao.operand, 0, operand});
     if (user == md) {
       main.args.emplace(ao.arg, operand);
       continue;
@@ -119,7 +111,7 @@ Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive
     dnnl::memory sp(dnnl::memory::desc({static_cast<dnnl::memory::dim>(scratch)},
                                        dnnl::memory::data_type::u8, dnnl::memory::format_tag::a),
                     e, DNNL_MEMORY_NONE);
-    p->binds.push_back({kScratch, 0, sp});
+    p.binds.push_back({kScratch, 0, sp});
     main.args.emplace(DNNL_ARG_SCRATCHPAD, sp);
     for (auto* steps : {&before, &after})
       for (Step& s : *steps)
@@ -127,14 +119,12 @@ Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive
   }
   for (Bind& r : regions) {
     r.offset += scratch;
-    p->binds.push_back(r);
+    p.binds.push_back(r);
   }
-  p->scratch_bytes = scratch + region_bytes;
-  for (Step& s : before) p->steps.push_back(std::move(s));
-  p->steps.push_back(std::move(main));
-  for (Step& s : after) p->steps.push_back(std::move(s));
-  set.items.push_back(std::move(p));
-  return *set.items.back();
+  p.scratch_bytes = scratch + region_bytes;
+  for (Step& s : before) p.steps.push_back(std::move(s));
+  p.steps.push_back(std::move(main));
+  for (Step& s : after) p.steps.push_back(std::move(s));
 }
 
 void execute(Prepared& p, const KernelArgs& a) {

@@ -6,8 +6,9 @@
 // user-managed scratchpad, whose size becomes the arena workspace), and the
 // launch only looks them up by the same key and binds the operands' pointers.
 // A primitive is built once per process for each distinct call (op, shapes,
-// attributes) and kept for the process's life: a session's shapes are fixed,
-// so the cache grows with the number of distinct layers, not with steps.
+// attributes, thread count) and kept for the process's life: a session's
+// shapes are fixed, so the cache grows with the number of distinct layers,
+// not with steps.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -64,20 +65,13 @@ struct ArgOperand {
   dnnl::memory::desc user = {};
 };
 
-// A set of primitives one kernel runs (batch normalisation's forward in
-// training and in inference, say), keyed by role.
-struct PreparedSet {
-  std::vector<std::unique_ptr<Prepared>> items;
-  size_t scratch_bytes() const;
-};
-
-using Builder = std::function<void(const KernelArgs&, PreparedSet&)>;
+using Builder = std::function<void(const KernelArgs&, Prepared&)>;
 
 const dnnl::engine& cpu_engine();
 
 // The primitives of this call: built by `build` on first sight of its key
 // (op name, dtypes, shapes, attributes), found afterwards.
-PreparedSet& prepared(const char* op, const KernelArgs& a, const Builder& build);
+Prepared& prepared(const char* op, const KernelArgs& a, const Builder& build);
 
 // Adds a primitive bound to its operands. An argument whose layout the
 // primitive chose (format_tag::any: oneDNN's blocked layouts, where its
@@ -85,11 +79,11 @@ PreparedSet& prepared(const char* op, const KernelArgs& a, const Builder& build)
 // gets a workspace region and a reorder: inputs before the primitive,
 // outputs after it. Scratchpads (the primitive's and the reorders') share
 // the workspace's first region, since the steps run one after another.
-Prepared& add_prim(PreparedSet& set, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
-                   const std::vector<ArgOperand>& arg_operands);
+void add_prim(Prepared& p, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
+              const std::vector<ArgOperand>& arg_operands);
 
-// Runs one prepared call on this call's operands, with the kernel context's
-// thread count.
+// Runs one prepared call on this call's operands, with the thread count it
+// was prepared for.
 void execute(Prepared& p, const KernelArgs& a);
 
 // A plain (row-major) f32 memory descriptor of these dimensions.
