@@ -1,9 +1,12 @@
 // Fast CPU kernels of the convolutional family (docs/OPS.md,
 // "Convolutional") through oneDNN: convolution (forward, data and weight
-// gradients), max, average and global average pooling, on NCHW f32 tensors as the graph holds them.
-// Primitives are built at plan time (the workspace query, dnnl_prims.h) with their scratchpads in
-// the arena workspace. max pooling's gradient is a loop here: oneDNN's needs the forward's
-// workspace of argmax positions, which no graph tensor carries.
+// gradients), max, average and global average pooling, on NCHW f32 tensors
+// as the graph holds them. The convolutions run in oneDNN's blocked layouts,
+// their operands reordered through the workspace (dnnl_prims.h, add_prim).
+// Primitives are built at plan time (the workspace query) with their
+// scratchpads in the arena workspace. max pooling's gradient is a loop here:
+// oneDNN's needs the forward's workspace of argmax positions, which no graph
+// tensor carries. Batch normalisation is in batchnorm.cpp.
 #include <omp.h>
 
 #include <algorithm>
