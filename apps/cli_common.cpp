@@ -377,6 +377,38 @@ const std::vector<std::string>& synth_preset_names() {
   return names;
 }
 
+namespace {
+
+// Display width of UTF-8 text: each code point is one column (× included).
+size_t columns(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++n;
+  return n;
+}
+
+}  // namespace
+
+void print_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                 const char* indent) {
+  std::vector<size_t> w;
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], columns(r[i]));
+    }
+  for (const auto& r : rows) {
+    std::string line = indent;
+    for (size_t i = 0; i < r.size(); ++i) {
+      const std::string pad(w[i] - columns(r[i]), ' ');
+      const bool last = i + 1 == r.size();
+      line += i < right.size() && right[i] ? pad + r[i] : r[i] + (last ? "" : pad);
+      if (!last) line += "  ";
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
 CLI::Validator non_negative() {
   return in_range(0, kMaxFlagInt, true);
 }

@@ -129,6 +129,13 @@ struct Handle {
 using ModelHandle = Handle<pooch_model, pooch_model_free>;
 using SessionHandle = Handle<pooch_session, pooch_session_free>;
 using DatasetHandle = Handle<pooch_dataset, pooch_dataset_free>;
+using TokenizerHandle = Handle<pooch_tokenizer, pooch_tokenizer_free>;
+using TokensHandle = Handle<int32_t, pooch_tokens_free>;
+
+// Prints rows as aligned columns (UTF-8 aware: × is one column), each line
+// starting with `indent`; `right` marks right-aligned columns.
+void print_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                 const char* indent = "  ");
 
 // A session that runs `model` (no training) where the device flags say.
 // Exit code.

@@ -27,11 +27,6 @@ struct GenerateOpts {
   Output output{"generate"};
 };
 
-struct TokenizerHandle {
-  pooch_tokenizer* p = nullptr;
-  ~TokenizerHandle() { pooch_tokenizer_free(&p); }
-};
-
 // How tokens become output.
 enum class Mode { ids, text, bytes };
 

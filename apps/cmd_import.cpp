@@ -30,11 +30,6 @@ bool is_regular_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // torchvision's ImageNet statistics (transforms.Normalize in its recipes).
 const Json kImagenetNormalize = {{"mean", {0.485, 0.456, 0.406}}, {"std", {0.229, 0.224, 0.225}}};
 
@@ -84,7 +79,7 @@ int run_import(ImportOpts& o) {
   Output& out = o.output;
   if (int rc = check_output_paths({{"--out", o.out}}, out)) return rc;
   const bool cnn =
-      !o.family.empty() || (ends_with(o.from, ".safetensors") && is_regular_file(o.from));
+      !o.family.empty() || (o.from.ends_with(".safetensors") && is_regular_file(o.from));
   if (cnn) return run_cnn_import(o);
   if (o.depth > 0 || !o.image_size.empty() || o.batch > 0 || !o.normalize.empty())
     return out.fail(kUsage,

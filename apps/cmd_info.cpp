@@ -49,38 +49,6 @@ std::string shape_str(const Json& shape) {
   return s + "]";
 }
 
-// Display width of UTF-8 text (× is one column).
-size_t columns(const std::string& s) {
-  size_t n = 0;
-  for (unsigned char c : s)
-    if ((c & 0xC0) != 0x80) ++n;
-  return n;
-}
-
-// Prints rows as aligned columns; `right` marks right-aligned columns.
-void table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
-           const char* indent = "  ") {
-  std::vector<size_t> w;
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) {
-      if (w.size() <= i) w.push_back(0);
-      w[i] = std::max(w[i], columns(r[i]));
-    }
-  for (const auto& r : rows) {
-    std::string line = indent;
-    for (size_t i = 0; i < r.size(); ++i) {
-      const std::string pad(w[i] - columns(r[i]), ' ');
-      const bool last = i + 1 == r.size();
-      if (i < right.size() && right[i])
-        line += pad + r[i];
-      else
-        line += r[i] + (last ? "" : pad);
-      if (!last) line += "  ";
-    }
-    std::printf("%s\n", line.c_str());
-  }
-}
-
 void print_spec(const Json& spec) {
   std::printf("\nmodel spec\n");
   std::vector<std::vector<std::string>> rows;
@@ -113,7 +81,7 @@ void print_spec(const Json& spec) {
   if (spec.contains("outputs")) rows.push_back({"outputs", str(spec["outputs"])});
   for (const char* k : {"loss", "batch", "max_nnz", "topk", "seed"})
     if (spec.contains(k)) rows.push_back({k, str(spec[k])});
-  table(rows, {});
+  print_table(rows, {});
 }
 
 std::string attrs_str(const Json& attrs) {
@@ -156,7 +124,7 @@ void print_summary(const Json& m) {
                       format_bytes(t.value("bytes", 0.0))});
     }
     std::printf("  %s\n", kind);
-    table(rows, {false, false, false, false, true}, "    ");
+    print_table(rows, {false, false, false, false, true}, "    ");
   }
   if (m.contains("memory")) {
     const Json& r = m["memory"];
@@ -189,11 +157,11 @@ int run_info(InfoOpts& o) {
 
   // File.
   std::printf("%s\n", o.path.c_str());
-  table({{"kind", kind},
-         {"format", "version " + str(doc.value("format_version", Json(0)))},
-         {"size", format_bytes(doc.value("file_bytes", 0.0)) + " (" +
-                      str(doc.value("file_bytes", Json(0))) + " bytes)"}},
-        {});
+  print_table({{"kind", kind},
+               {"format", "version " + str(doc.value("format_version", Json(0)))},
+               {"size", format_bytes(doc.value("file_bytes", 0.0)) + " (" +
+                            str(doc.value("file_bytes", Json(0))) + " bytes)"}},
+              {});
 
   // Metadata (the spec below, parsed).
   Json spec;
@@ -212,7 +180,7 @@ int run_info(InfoOpts& o) {
     }
     mrows.push_back({k, s});
   }
-  table(mrows, {});
+  print_table(mrows, {});
   if (spec.is_object()) print_spec(spec);
   Json summary = summarize_model(o.path, tensors, !o.no_plan);
   print_summary(summary);
@@ -234,7 +202,7 @@ int run_info(InfoOpts& o) {
                       "-> " + join(n.value("outputs", Json::array())),
                       attrs_str(n.value("attrs", Json::object()))});
     }
-    table(rows, {true});
+    print_table(rows, {true});
   }
 
   // Tensor table: the stored tensors, then a summary of the others.
@@ -260,7 +228,7 @@ int run_info(InfoOpts& o) {
                     str(t["offset"]), str(t.value("xxh3", Json("-")))});
   }
   std::printf("\ntensors: %zu stored, %s\n", rows.size() - 1, format_bytes(stored_bytes).c_str());
-  table(rows, {false, false, false, false, true, true, false});
+  print_table(rows, {false, false, false, false, true, true, false});
   std::string roles;
   for (auto& [role, r] : by_role)
     roles += (roles.empty() ? "" : ", ") + role + " " + std::to_string(r.first) + " (" +

@@ -16,34 +16,6 @@ namespace cli {
 
 namespace {
 
-// Display width of UTF-8 text.
-size_t columns(const std::string& s) {
-  size_t n = 0;
-  for (unsigned char c : s)
-    if ((c & 0xC0) != 0x80) ++n;
-  return n;
-}
-
-// Rows as aligned columns; `right` marks right-aligned columns.
-void table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right) {
-  std::vector<size_t> w;
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) {
-      if (w.size() <= i) w.push_back(0);
-      w[i] = std::max(w[i], columns(r[i]));
-    }
-  for (const auto& r : rows) {
-    std::string line = "  ";
-    for (size_t i = 0; i < r.size(); ++i) {
-      const std::string pad(w[i] - columns(r[i]), ' ');
-      const bool last = i + 1 == r.size();
-      line += i < right.size() && right[i] ? pad + r[i] : r[i] + (last ? "" : pad);
-      if (!last) line += "  ";
-    }
-    std::printf("%s\n", line.c_str());
-  }
-}
-
 std::string fmt_double(const char* f, double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, x);
@@ -208,7 +180,7 @@ int run_plan(PlanOpts& o) {
                       a.value("decision", std::string("?")), std::to_string(a.value("producer", 0)),
                       std::to_string(a.value("last_forward", 0)),
                       std::to_string(a.value("first_backward", 0))});
-    table(rows, {false, true, false, true, true, true});
+    print_table(rows, {false, true, false, true, true, true});
   }
 
   if (!o.svg.empty()) {
@@ -263,7 +235,7 @@ int print_profile(pooch_session* s, int runs, Output& out) {
          r.seconds > 0 && r.flops > 0 ? fmt_double("%.2f", r.flops / r.seconds * 1e-9) : "-",
          r.seconds > 0 ? fmt_double("%.2f", r.bytes / r.seconds * 1e-9) : "-",
          total > 0 ? fmt_double("%.1f%%", 100 * r.seconds / total) : "-"});
-  table(rows, {false, true, true, true, true, true});
+  print_table(rows, {false, true, true, true, true, true});
   out.result()["profile"] = std::move(prof);
   return kOk;
 }

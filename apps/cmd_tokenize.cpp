@@ -21,15 +21,6 @@ struct TokenizeOpts {
   Output output{"tokenize"};
 };
 
-struct TokenizerHandle {
-  pooch_tokenizer* p = nullptr;
-  ~TokenizerHandle() { pooch_tokenizer_free(&p); }
-};
-struct TokensHandle {
-  int32_t* p = nullptr;
-  ~TokensHandle() { pooch_tokens_free(&p); }
-};
-
 int run_tokenize(TokenizeOpts& o) {
   Output& out = o.output;
   if (o.bytes == !o.tokenizer.empty())

@@ -15,20 +15,11 @@ namespace cli {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-struct TokensHandle {
-  int32_t* p = nullptr;
-  ~TokensHandle() { pooch_tokens_free(&p); }
-};
-
 // The token ids of `path`: a .npy array of integers (any shape, read in C
 // order), a text file's bytes (--bytes) or an llm.c token file. The library
 // checks them against the vocabulary. Exit code.
 int load_tokens(const std::string& path, bool bytes, std::vector<int32_t>& ids, Output& out) {
-  if (ends_with(path, ".npy") && !bytes) {
+  if (path.ends_with(".npy") && !bytes) {
     NpyArray a;
     std::string err;
     if (!read_npy(path, &a, &err)) return out.fail(kBadInput, "--data " + err);
@@ -82,7 +73,7 @@ void on_eval(void* user, int64_t step, double loss, double perplexity) {
   log_line(r->log, l);
 }
 
-void on_epoch(void* user, const pooch_epoch_report* rep) {
+void on_lm_epoch(void* user, const pooch_epoch_report* rep) {
   auto* r = static_cast<LmRun*>(static_cast<RunState*>(user));
   r->progress->clear();
   std::printf("epoch %d  train loss %.5f  %.1f s  lr %.3g%s\n", rep->epoch, rep->train_loss,
@@ -231,7 +222,7 @@ int run_lm_training(pooch_model* model, bool resume, const std::string& data, co
   state.log = log_file.f;
   state.max_steps = f.max_steps;
   tp.on_step = run_on_step;
-  tp.on_epoch = on_epoch;
+  tp.on_epoch = on_lm_epoch;
   tp.user = static_cast<RunState*>(&state);  // run_on_step's; the others cast back
 
   const auto t0 = std::chrono::steady_clock::now();
