@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target of tests/fuzz for SECONDS each (CI: 30, a smoke
-# test), one at a time, from its committed seed corpus (tests/fuzz/corpus/<t>,
+# test), $FUZZ_JOBS at a time (default: one per core; a libFuzzer process runs
+# on one thread), from its committed seed corpus (tests/fuzz/corpus/<t>,
 # read only: new inputs go to a temporary folder) with its dictionary.
-# Fails on the first finding: a crash, a sanitizer report, an input slower
-# than 10 s (a hang) or one that needs more than 2 GiB; the input is saved as
+# Fails when any target finds something: a crash, a sanitizer report, an input
+# slower than 10 s (a hang) or one that needs more than 2 GiB; the input is saved as
 # $ARTIFACTS/crash-* (default: a temporary folder, printed) to add to the
 # corpus once fixed. Extra arguments go to every target (e.g. -runs=N).
 # Usage: tests/fuzz/run.sh BUILD_DIR [SECONDS] [TARGET...] [-- LIBFUZZER_FLAGS...]
@@ -32,18 +33,43 @@ trap 'rm -rf "$work"' EXIT
 for t in "${targets[@]}"; do
   bin=$build/tests/fuzz/fuzz_$t
   [ -x "$bin" ] || { echo "run.sh: $bin is not built (meson setup -Dfuzz=enabled)" >&2; exit 1; }
-  flags=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+done
+
+# One target: its log in $work/<t>.log, its exit status in $work/<t>.rc.
+fuzz_one() {
+  local t=$1 rc=0
+  local flags=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
     -artifact_prefix="$artifacts/$t-")
-  d=$here/${dict_alias[$t]:-$t}.dict
+  local d=$here/${dict_alias[$t]:-$t}.dict
   [ -f "$d" ] && flags+=(-dict="$d")
   mkdir -p "$work/$t"
+  "$build/tests/fuzz/fuzz_$t" "${flags[@]}" "${extra[@]}" "$work/$t" "$here/corpus/$t" \
+    > "$work/$t.log" 2>&1 || rc=$?
+  echo "$rc" > "$work/$t.rc"
+}
+
+extra=("$@")
+jobs=${FUZZ_JOBS:-$(nproc)}
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  fuzz_one "$t" &
+done
+wait
+
+# The reports in the targets' order, whichever finished first.
+failed=()
+for t in "${targets[@]}"; do
   echo "== fuzz_$t: ${seconds} s"
-  if ! "$bin" "${flags[@]}" "$@" "$work/$t" "$here/corpus/$t" > "$work/$t.log" 2>&1; then
+  if [ "$(cat "$work/$t.rc")" != 0 ]; then
     tail -60 "$work/$t.log"
-    echo "run.sh: fuzz_$t found a problem; the input is in $artifacts" >&2
-    exit 1
+    failed+=("fuzz_$t")
+    continue
   fi
   grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|cov: .* ft: ' "$work/$t.log" |
     tail -3 | sed 's/^/   /'
 done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "run.sh: ${failed[*]} found a problem; the inputs are in $artifacts" >&2
+  exit 1
+fi
 echo "fuzzing: no findings in ${targets[*]}"
