@@ -232,8 +232,8 @@ std::string ArenaPlan::report() const {
 
 void check_budget(const ArenaPlan& plan, size_t budget) {
   if (plan.peak <= budget) return;
-  throw Error(
-      POOCH_ERR_OUT_OF_BUDGET,
+  throw OutOfBudget(
+      plan.peak,
       fmt::format("the plan needs {} bytes ({} MiB) of device memory but the budget is {} "
                   "bytes ({:.2f} MiB); it needs a budget of at least {} MiB, or a smaller "
                   "step (a smaller batch size)",

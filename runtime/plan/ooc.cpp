@@ -621,12 +621,13 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
                             strategy_name(strategy), s.smallest_host, to_mib(s.smallest_host),
                             host_budget, mib_ceil(s.smallest_host)));
   if (!best.fits)
-    throw Error(POOCH_ERR_OUT_OF_BUDGET,
-                fmt::format("the smallest arena strategy {} reached for the train step is {} bytes "
-                            "({:.2f} MiB), more than the budget of {} bytes ({:.2f} MiB); it needs "
-                            "a budget of at least {} MiB, or a smaller step (a smaller batch size)",
-                            strategy_name(strategy), s.smallest, to_mib(s.smallest), budget,
-                            to_mib(budget), mib_ceil(s.smallest)));
+    throw OutOfBudget(
+        s.smallest,
+        fmt::format("the smallest arena strategy {} reached for the train step is {} bytes "
+                    "({:.2f} MiB), more than the budget of {} bytes ({:.2f} MiB); it needs "
+                    "a budget of at least {} MiB, or a smaller step (a smaller batch size)",
+                    strategy_name(strategy), s.smallest, to_mib(s.smallest), budget, to_mib(budget),
+                    mib_ceil(s.smallest)));
   OocPlan p;
   // The winner again, with its buffers named for reports (the same plan: names
   // change nothing else).

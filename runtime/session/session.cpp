@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "../../kernels/common/util.h"
 #include "../core/autodiff.h"
@@ -180,8 +181,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // host), and if that is not enough, the weights too; last (on a backend
   // with host kernels), the updates run on the host where the weights and
   // state live, so an update no longer needs its weight, gradient and state
-  // on the device at once. The error of the last level names the smallest
-  // budget any plan reached.
+  // on the device at once. When no level fits, the error names the smallest
+  // budget any level's plans reached.
   std::vector<char> paged, host_update;
   const int top_level = backend_->host_kernels().empty() ? 2 : 3;
   size_t in_core_arena = 0;  // level 0's: the step with everything on the device
@@ -251,6 +252,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     }
     mask = plan_first(best);
   };
+  std::optional<OutOfBudget> nearest;  // the level whose plans came nearest the budget
   for (int level = 0;; ++level) {
     try {
       plan_all(paged, host_update);
@@ -265,9 +267,18 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       // device but not the host cap stops here, with what it needs.
       const bool host_only =
           std::string_view(e.what()).find("host memory cap") != std::string_view::npos;
+      const auto* short_by = dynamic_cast<const OutOfBudget*>(&e);
       if (e.code() != POOCH_ERR_OUT_OF_BUDGET || level >= std::min(top_level, cfg.max_paging) ||
-          !budget_ || !trains || cfg.strategy == Strategy::keep || host_only)
+          !budget_ || !trains || cfg.strategy == Strategy::keep || host_only) {
+        // A level that pages more does not always need less (updates on the
+        // host keep more on the device when clipping makes every gradient
+        // wait for the norm): the error names the smallest budget of all.
+        if (short_by && nearest && nearest->needed_bytes() < short_by->needed_bytes())
+          throw *nearest;
         throw;
+      }
+      if (short_by && (!nearest || short_by->needed_bytes() < nearest->needed_bytes()))
+        nearest = *short_by;
       if (level == 0) {
         in_core_arena = ooc_.in_core_arena;
         in_core_seconds = ooc_.predicted_in_core;

@@ -201,9 +201,11 @@ TEST(OutOfCore, ClippedTrainingIsBitForBitOutOfCore) {
 }
 
 // The smallest budget a swap-all plan reaches when the session may page up
-// to `max_paging` (plan-only sessions, by bisection to 256 bytes), clipping
-// the gradients to `clip_norm` (0: none).
-size_t smallest_budget(const ModelSpec& spec, int max_paging, size_t hi, double clip_norm = 0) {
+// to `max_paging`, clipping the gradients to `clip_norm` (0: none): the one a
+// plan-only session at a budget of 1 byte names in its error. The named
+// budget must fit, and one byte less must not: the error's advice is exact
+// (it was not where a level that pages less came nearer than the last one).
+size_t smallest_budget(const ModelSpec& spec, int max_paging, double clip_norm = 0) {
   SessionConfig c;
   c.optimizer.clip_norm = clip_norm;
   c.device = DeviceKind::cpu;
@@ -211,18 +213,24 @@ size_t smallest_budget(const ModelSpec& spec, int max_paging, size_t hi, double 
   c.plan_only = true;
   c.strategy = Strategy::swap_all;
   c.max_paging = max_paging;
-  size_t lo = 0;  // does not fit; hi fits
-  while (hi - lo > 256) {
-    c.device_memory = lo + (hi - lo) / 2;
+  // The budget the error names, 0 when the plan fits.
+  auto needed = [&](size_t budget) -> size_t {
+    c.device_memory = budget;
     try {
       Session s(build(spec), c);
-      hi = c.device_memory;
+      return 0;
+    } catch (const OutOfBudget& e) {
+      return e.needed_bytes();
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET) << e.what();
-      lo = c.device_memory;
+      ADD_FAILURE() << "not an out-of-budget error naming a budget: " << e.what();
+      return 0;
     }
-  }
-  return hi;
+  };
+  const size_t smallest = needed(1);
+  EXPECT_GT(smallest, 1u);
+  EXPECT_EQ(needed(smallest), 0u) << "the named budget " << smallest << " does not fit";
+  EXPECT_EQ(needed(smallest - 1), smallest) << "one byte under the named budget fits";
+  return smallest;
 }
 
 // With clipping the gradients wait for their updates until every one is
@@ -263,7 +271,7 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
   EXPECT_LT(unclipped_candidates, gradient_candidates);
 
   // The smallest budget a swap-all plan reaches, everything paged.
-  const size_t hi = smallest_budget(spec, 3, in_core.out_of_core().in_core_arena, 0.05);
+  const size_t hi = smallest_budget(spec, 3, 0.05);
   std::printf("clipped chain12: smallest budget %zu; weight gradients %zu bytes in all\n", hi,
               weight_gradients);
   EXPECT_LT(hi, weight_gradients);
@@ -332,10 +340,10 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
   const size_t in_core_train = in_core.out_of_core().in_core_arena;
   // The smallest budgets without paging, paging the optimizer state, and
   // paging the weights too: each level reaches lower.
-  const size_t b0 = smallest_budget(c.spec, 0, in_core_train);
-  const size_t b1 = smallest_budget(c.spec, 1, in_core_train);
-  const size_t b2 = smallest_budget(c.spec, 2, in_core_train);
-  const size_t b3 = smallest_budget(c.spec, 3, in_core_train);
+  const size_t b0 = smallest_budget(c.spec, 0);
+  const size_t b1 = smallest_budget(c.spec, 1);
+  const size_t b2 = smallest_budget(c.spec, 2);
+  const size_t b3 = smallest_budget(c.spec, 3);
   std::printf(
       "%-8s smallest budget: %zu without paging, %zu paging optimizer state, %zu paging "
       "weights too, %zu updating on the host (in-core step %zu)\n",
