@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "../common/call_key.h"
@@ -128,6 +130,12 @@ void add_prim(Prepared& p, dnnl::primitive prim, const dnnl::primitive_desc_base
 }
 
 void execute(Prepared& p, const KernelArgs& a) {
+  // The scratchpad and the reordered operands' regions lie in the workspace:
+  // a caller that planned less (or none) would have oneDNN write past it.
+  if (p.scratch_bytes > a.workspace_bytes || (p.scratch_bytes && !a.workspace))
+    throw std::length_error("a oneDNN kernel needs a workspace of " +
+                            std::to_string(p.scratch_bytes) + " bytes; it was given " +
+                            std::to_string(a.workspace ? a.workspace_bytes : 0));
   std::lock_guard<std::mutex> lock(p.mu);
   for (Bind& b : p.binds) {
     void* h = b.operand == kScratch ? static_cast<char*>(a.workspace) + b.offset

@@ -555,5 +555,51 @@ TEST(CpuKernels, SupportsRefusesWhatAKernelCannotCompute) {
   EXPECT_TRUE(supports(tr, args_of({operand(DType::u16, {3, 5})}, {operand(DType::u16, {5, 3})})));
 }
 
+// A oneDNN kernel's workspace holds its scratchpad and the operands it
+// reorders to blocked layouts; given less than it asked for at plan time,
+// it refuses (an error from the stream) instead of writing past it.
+TEST(CpuKernels, AOneDnnKernelRefusesAWorkspaceSmallerThanItAskedFor) {
+  auto b = backend_with_arena(8 * kMiB);
+  const kern::KernelVariant* conv = b->find_kernel("conv2d");
+  ASSERT_NE(conv, nullptr);
+  ASSERT_NE(conv->workspace, nullptr);
+  // x[2,16,8,8] * w[16,16,3,3], same padding: oneDNN reorders all three.
+  kern::KernelArgs a =
+      args_of({operand(DType::f32, {2, 16, 8, 8}), operand(DType::f32, {16, 16, 3, 3})},
+              {operand(DType::f32, {2, 16, 8, 8})});
+  for (const char* k : {"stride_h", "stride_w", "dil_h", "dil_w", "groups"}) a.attrs.set(k, 1);
+  for (const char* k : {"pad_h", "pad_w"}) a.attrs.set(k, 1);
+  a.device = b->kernel_device();
+  const size_t ws = conv->workspace(a);
+  ASSERT_GT(ws, 0u);
+  std::byte* at = b->arena_base();
+  std::memset(at, 0, 8 * kMiB);
+  size_t off = 0;
+  for (int i = 0; i < 2; ++i) {
+    a.in[i].data = at + off;
+    off += static_cast<size_t>(a.in[i].numel()) * 4;
+  }
+  a.out[0].data = at + off;
+  off += static_cast<size_t>(a.out[0].numel()) * 4;
+  off = (off + 63) / 64 * 64;
+  a.workspace = at + off;
+  a.workspace_bytes = ws;
+  b->launch(Stream::compute, *conv, a);
+  EXPECT_NO_THROW(b->stream_sync(Stream::compute));
+  for (const size_t given : {ws - 1, size_t{0}}) {
+    a.workspace_bytes = given;
+    if (given == 0) a.workspace = nullptr;
+    b->launch(Stream::compute, *conv, a);
+    try {
+      b->stream_sync(Stream::compute);
+      ADD_FAILURE() << "a workspace of " << given << " bytes of " << ws << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs a workspace of " + std::to_string(ws)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pooch
