@@ -88,6 +88,7 @@ struct pooch_dataset {
 namespace {
 
 thread_local std::string g_last_error;
+thread_local size_t g_last_error_budget = 0;  // OutOfBudget::needed_bytes of the last failure
 
 struct LogSink {
   std::mutex mu;
@@ -118,6 +119,7 @@ void log_line(pooch_log_level level, const char* msg) {
 
 pooch_status fail(pooch_status st, std::string msg) {
   g_last_error = std::move(msg);
+  g_last_error_budget = 0;
   return st;
 }
 
@@ -127,7 +129,12 @@ pooch_status guarded(F&& f) {
   try {
     f();
     g_last_error.clear();
+    g_last_error_budget = 0;
     return POOCH_OK;
+  } catch (const pooch::OutOfBudget& e) {
+    fail(e.code(), e.what());
+    g_last_error_budget = e.needed_bytes();
+    return e.code();
   } catch (const pooch::Error& e) {
     return fail(e.code(), e.what());
   } catch (const std::bad_alloc&) {
@@ -207,6 +214,10 @@ const char* pooch_status_str(pooch_status status) {
 
 const char* pooch_last_error(void) {
   return g_last_error.c_str();
+}
+
+size_t pooch_last_error_budget(void) {
+  return g_last_error_budget;
 }
 
 unsigned pooch_version(void) {

@@ -246,6 +246,19 @@ TEST(Api, TooSmallABudgetNamesTheMinimum) {
   EXPECT_EQ(f.sess, nullptr);
   EXPECT_NE(std::string(pooch_last_error()).find("at least"), std::string::npos)
       << pooch_last_error();
+  // The same figure in bytes: a session at that budget is made, at a byte
+  // less it is not, and a call that succeeds clears it.
+  const size_t needed = pooch_last_error_budget();
+  ASSERT_GT(needed, 4096u);
+  Fixture under(needed - 1);
+  EXPECT_EQ(under.status, POOCH_ERR_OUT_OF_BUDGET) << pooch_last_error();
+  EXPECT_EQ(pooch_last_error_budget(), needed);
+  // Another failure names no budget.
+  EXPECT_EQ(pooch_session_create(nullptr, nullptr, nullptr), POOCH_ERR_INVALID_ARG);
+  EXPECT_EQ(pooch_last_error_budget(), 0u);
+  Fixture at(needed);
+  EXPECT_EQ(at.status, POOCH_OK) << pooch_last_error();
+  EXPECT_EQ(pooch_last_error_budget(), 0u);
 }
 
 TEST(Api, CudaWithoutAGpuIsAClearError) {

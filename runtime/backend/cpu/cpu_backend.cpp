@@ -154,11 +154,11 @@ void CpuBackend::arena_reserve(size_t bytes) {
                             "new backend for a different size",
                             arena_bytes_));
   if (budget_ != 0 && bytes > budget_)
-    throw Error(POOCH_ERR_OUT_OF_BUDGET,
-                fmt::format("the arena needs {} bytes ({} MiB) of device memory but the cpu "
-                            "device budget is {} bytes ({:.2f} MiB); it needs a budget of at "
-                            "least {} MiB",
-                            bytes, mib_ceil(bytes), budget_, to_mib(budget_), mib_ceil(bytes)));
+    throw OutOfBudget(
+        bytes, fmt::format("the arena needs {} bytes ({} MiB) of device memory but the cpu "
+                           "device budget is {} bytes ({:.2f} MiB); it needs a budget of at "
+                           "least {} MiB",
+                           bytes, mib_ceil(bytes), budget_, to_mib(budget_), mib_ceil(bytes)));
   arena_ = take_host_memory(bytes, "device arena",
                             "lower the device budget so the planner swaps more to the host pool");
   arena_bytes_ = bytes;

@@ -296,8 +296,8 @@ void CudaBackend::arena_reserve(size_t bytes) {
                             arena_bytes_));
   const size_t limit = arena_limit();
   if (bytes > limit)
-    throw Error(
-        POOCH_ERR_OUT_OF_BUDGET,
+    throw OutOfBudget(
+        bytes + cublas_ws_,
         fmt::format("the arena needs {} bytes ({} MiB) of device memory but the cuda device "
                     "budget leaves {} bytes ({:.2f} MiB) for it ({} budget {:.2f} MiB, less "
                     "{} MiB for cuBLAS's workspace); it needs a budget of at least {} MiB{}",

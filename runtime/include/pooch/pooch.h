@@ -60,6 +60,12 @@ typedef enum pooch_status {
 POOCH_API const char* pooch_status_str(pooch_status status);
 /* The message of the last failed call on this thread ("" if none). */
 POOCH_API const char* pooch_last_error(void);
+/* After a call on this thread failed with POOCH_ERR_OUT_OF_BUDGET: the
+ * smallest device budget, in bytes, that the planner found would fit (the
+ * message names it rounded up to MiB), to set as pooch_session_params'
+ * device_memory or to show a user. 0 when that failure named none, and after
+ * any other failure or a call that succeeded. */
+POOCH_API size_t pooch_last_error_budget(void);
 
 /* Library version as (major << 16) | (minor << 8) | patch, and as a string. */
 POOCH_API unsigned pooch_version(void);
