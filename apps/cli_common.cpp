@@ -41,18 +41,6 @@ bool flag_given(const std::string& flag) {
 
 }  // namespace
 
-// N of "a budget of at least N MiB" in a library message; empty if none.
-std::string least_budget_mib(const std::string& msg) {
-  static const std::string kLead = "a budget of at least ";
-  for (size_t at = msg.find(kLead); at != std::string::npos; at = msg.find(kLead, at + 1)) {
-    const size_t digits = at + kLead.size();
-    size_t end = digits;
-    while (end < msg.size() && msg[end] >= '0' && msg[end] <= '9') ++end;
-    if (end > digits && msg.compare(end, 4, " MiB") == 0) return msg.substr(digits, end - digits);
-  }
-  return {};
-}
-
 // The library states what happened and the figures; which of our flags
 // changes them is ours to say. Empty when there is nothing to add (or the
 // message already names a flag).
@@ -61,11 +49,13 @@ std::string flag_advice(pooch_status st, const std::string& msg) {
     case POOCH_ERR_OUT_OF_BUDGET:
     case POOCH_ERR_OUT_OF_MEMORY: {
       if (msg.find("--device-memory") != std::string::npos) return {};
-      // The library names the least budget that fits as "a budget of at least N MiB".
-      const std::string least = least_budget_mib(msg);
-      if (st == POOCH_ERR_OUT_OF_BUDGET && !least.empty()) {
+      // The least budget that fits, when the library found one (read at
+      // once: the next call clears it).
+      const size_t least = pooch_last_error_budget();
+      if (st == POOCH_ERR_OUT_OF_BUDGET && least) {
         if (flag_given("--device-memory"))
-          return "raise --device-memory to at least " + least + " MiB, or use a smaller --batch";
+          return "raise --device-memory to at least " +
+                 std::to_string((least + (1u << 20) - 1) >> 20) + " MiB, or use a smaller --batch";
         return "use a smaller --batch, or --device cpu";  // the budget was all the device had free
       }
       // The budget fitted but memory ran out, and the library says a smaller budget helps.

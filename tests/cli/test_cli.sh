@@ -183,6 +183,11 @@ expect budget 3 "$RUN" train --data data --device-memory 4K --out x.pooch "${T[@
 # The library states the least budget that fits; pooch-run names the flag that sets it.
 contains budget-message budget.err 'a budget of at least [0-9]+ MiB'
 contains budget-advice budget.err 'raise --device-memory to at least [0-9]+ MiB'
+# The advice's figure (pooch_last_error_budget) is the message's.
+said=$(grep -Eo 'a budget of at least [0-9]+' budget.err | grep -Eo '[0-9]+$' | tail -n 1)
+advised=$(grep -Eo 'device-memory to at least [0-9]+' budget.err | grep -Eo '[0-9]+$')
+[ -n "$said" ] && [ "$said" = "$advised" ] && pass budget-advice-figure ||
+  fail "budget-advice-figure: the message says $said MiB, the advice $advised"
 expect budget-keep 3 "$RUN" train --data data --device-memory 4K --strategy keep --out x.pooch "${T[@]}"
 
 # --- out of core: a budget below the in-core step, the same model bit for bit ---
