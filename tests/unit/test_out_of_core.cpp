@@ -2,6 +2,7 @@
 // after K steps are bitwise identical to in-core training, and the arena the
 // session takes never exceeds the budget. Also the simulator against a
 // hand-computed timeline, and the refusal of a budget no plan fits.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,8 +10,7 @@
 #include <cstring>
 
 #include "runtime/core/error.h"
-#include "runtime/models/mlp.h"
-#include "runtime/models/xmc.h"
+#include "runtime/models/build.h"
 #include "runtime/session/session.h"
 
 using namespace pooch;
@@ -57,8 +57,29 @@ ModelSpec norm_spec() {
   return s;
 }
 
-std::unique_ptr<Model> build(const ModelSpec& s) {
-  return s.family == Family::mlp ? build_mlp_model(s) : build_xmc_model(s);
+// A small ResNet (basic blocks; convolution, batch normalisation whose
+// running averages are written once a step, residual adds) and a ResNet with
+// bottleneck blocks.
+ModelSpec resnet_spec(int depth) {
+  ModelSpec s = spec_from_json(
+      fmt::format(R"({{"family": "resnet", "depth": {}, "width": 8, "stem": "small", "classes": 10,
+                      "input": {{"channels": 3, "height": 12, "width": 12}}, "batch": 6}})",
+                  depth),
+      "resnet_spec");
+  return s;
+}
+
+// A tiny GPT-2 with dropout: attention, layernorm, GELU, the fused output
+// projection and cross-entropy.
+ModelSpec gpt_tiny_spec() {
+  GptSpec g;
+  g.n_layer = 2;
+  g.n_head = 2;
+  g.n_embd = 16;
+  g.n_ctx = 12;
+  g.vocab_size = 23;
+  g.dropout = 0.1;
+  return gpt_spec(g, 4, 10, 3);
 }
 
 // Deterministic inputs for every input of the model (labels valid).
@@ -118,13 +139,14 @@ class OutOfCore : public ::testing::TestWithParam<int> {};
 TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
   // The XMC step's peak is mostly gradients, which stay: its budget is tighter
   // only by a little.
-  const Case cases[] = {
-      {"xmc", xmc_spec(), 0.9}, {"chain50", chain_spec(50), 0.5}, {"norm", norm_spec(), 0.75}};
+  const Case cases[] = {{"xmc", xmc_spec(), 0.9},           {"chain50", chain_spec(50), 0.5},
+                        {"norm", norm_spec(), 0.75},        {"resnet18", resnet_spec(18), 0.5},
+                        {"resnet50", resnet_spec(50), 0.5}, {"gpt", gpt_tiny_spec(), 0.5}};
   const Case& c = cases[GetParam()];
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
-  Session in_core(build(c.spec), cfg);
+  Session in_core(build_model(c.spec), cfg);
   const auto expect = train(in_core, 3);
   const size_t peak = in_core.memory_plan().peak;
   const size_t in_core_train = in_core.out_of_core().in_core_arena;
@@ -141,7 +163,7 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
     SCOPED_TRACE(std::string(c.name) + " " + strategy_name(st) + " budget " +
                  std::to_string(oc.device_memory) + " of " + std::to_string(in_core_train));
     try {
-      Session s(build(c.spec), oc);
+      Session s(build_model(c.spec), oc);
       EXPECT_TRUE(s.out_of_core().active);
       EXPECT_LE(s.memory_plan().peak, oc.device_memory);
       EXPECT_LE(s.backend().memory_info().arena_bytes, oc.device_memory);
@@ -172,7 +194,7 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
   EXPECT_LE(automatic, greedy) << "auto must be at least as fast as pooch-greedy";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, OutOfCore, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Models, OutOfCore, ::testing::Values(0, 1, 2, 3, 4, 5));
 
 // Gradient clipping makes every update wait for every gradient (the norm
 // is over all of them): a plan that swaps and recomputes still trains the
@@ -181,10 +203,10 @@ TEST(OutOfCore, ClippedTrainingIsBitForBitOutOfCore) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
-  Session plain(build(norm_spec()), cfg);
+  Session plain(build_model(norm_spec()), cfg);
   const auto unclipped = train(plain, 3);
   cfg.optimizer.clip_norm = 0.05;
-  Session in_core(build(norm_spec()), cfg);
+  Session in_core(build_model(norm_spec()), cfg);
   const auto expect = train(in_core, 3);
   EXPECT_NE(expect, unclipped) << "a norm of 0.05 should have clipped";
   size_t persistent = 0;
@@ -194,7 +216,7 @@ TEST(OutOfCore, ClippedTrainingIsBitForBitOutOfCore) {
   SessionConfig oc = cfg;
   oc.strategy = Strategy::automatic;
   oc.device_memory = persistent + (whole - persistent) * 3 / 4;
-  Session s(build(norm_spec()), oc);
+  Session s(build_model(norm_spec()), oc);
   EXPECT_TRUE(s.out_of_core().active);
   EXPECT_LE(s.memory_plan().peak, oc.device_memory);
   EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
@@ -217,7 +239,7 @@ size_t smallest_budget(const ModelSpec& spec, int max_paging, double clip_norm =
   auto needed = [&](size_t budget) -> size_t {
     c.device_memory = budget;
     try {
-      Session s(build(spec), c);
+      Session s(build_model(spec), c);
       return 0;
     } catch (const OutOfBudget& e) {
       return e.needed_bytes();
@@ -245,7 +267,7 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
   cfg.optimizer.clip_norm = 0.05;
-  Session in_core(build(spec), cfg);
+  Session in_core(build_model(spec), cfg);
   const auto expect = train(in_core, 3);
   size_t gradient_candidates = 0, weight_gradients = 0;
   for (const SavedActivation& sa : saved_activations(in_core.graph(), in_core.train_request()))
@@ -264,7 +286,7 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
   // backward ops: fewer are candidates.
   SessionConfig unclipped = cfg;
   unclipped.optimizer.clip_norm = 0;
-  Session plain(build(spec), unclipped);
+  Session plain(build_model(spec), unclipped);
   size_t unclipped_candidates = 0;
   for (const SavedActivation& sa : saved_activations(plain.graph(), plain.train_request()))
     unclipped_candidates += sa.gradient ? 1 : 0;
@@ -280,7 +302,7 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
     oc.strategy = st;
     oc.device_memory = hi;
     SCOPED_TRACE(std::string(strategy_name(st)) + " budget " + std::to_string(hi));
-    Session s(build(spec), oc);
+    Session s(build_model(spec), oc);
     size_t swapped_gradients = 0;
     const Schedule* train_step = s.schedule(ProgramKind::train_step);
     ASSERT_NE(train_step, nullptr);
@@ -312,14 +334,14 @@ TEST(Clipping, RowSparseGradientsAreRefused) {
   cfg.device = DeviceKind::cpu;
   cfg.optimizer.clip_norm = 1.0;
   try {
-    Session s(build(xmc_spec()), cfg);
+    Session s(build_model(xmc_spec()), cfg);
     ADD_FAILURE() << "an XMC model with a sparse input layer was clipped";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
     EXPECT_NE(std::string(e.what()).find("row-sparse"), std::string::npos) << e.what();
   }
   cfg.optimizer.clip_norm = -1;
-  EXPECT_THROW(Session(build(norm_spec()), cfg), Error);
+  EXPECT_THROW(Session(build_model(norm_spec()), cfg), Error);
 }
 
 // Budgets below the weights and optimizer state: the session pages the
@@ -335,7 +357,7 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
-  Session in_core(build(c.spec), cfg);
+  Session in_core(build_model(c.spec), cfg);
   const auto expect = train(in_core, 3);
   const size_t in_core_train = in_core.out_of_core().in_core_arena;
   // The smallest budgets without paging, paging the optimizer state, and
@@ -362,7 +384,7 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
       SCOPED_TRACE(std::string(c.name) + " " + strategy_name(st) + " budget " +
                    std::to_string(budget) + " (in-core step " + std::to_string(in_core_train) +
                    ")");
-      Session s(build(c.spec), oc);
+      Session s(build_model(c.spec), oc);
       const OutOfCoreReport& r = s.out_of_core();
       EXPECT_TRUE(r.active);
       EXPECT_GT(r.paged_bytes, 0u);
@@ -412,7 +434,7 @@ TEST_P(Paging, PagedWeightsAndStateTrainBitForBitWithinTheBudget) {
   oc.strategy = Strategy::swap_all;
   oc.device_memory = b1 + (b0 - b1) / 2;
   SCOPED_TRACE(std::string(c.name) + " partial paging, budget " + std::to_string(oc.device_memory));
-  Session s(build(c.spec), oc);
+  Session s(build_model(c.spec), oc);
   const OutOfCoreReport& r = s.out_of_core();
   EXPECT_GT(r.paged_bytes, 0u);
   EXPECT_LT(r.paged_bytes, all_state);
@@ -435,7 +457,7 @@ TEST(HostPool, TheCapIsAPlanningConstraint) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
-  Session in_core(build(chain_spec(50)), cfg);
+  Session in_core(build_model(chain_spec(50)), cfg);
   const auto expect = train(in_core, 3);
   const size_t in_core_train = in_core.out_of_core().in_core_arena;
   size_t persistent = 0;
@@ -444,14 +466,14 @@ TEST(HostPool, TheCapIsAPlanningConstraint) {
   SessionConfig oc = cfg;
   oc.device_memory = persistent + (in_core_train - persistent) / 2;
   oc.strategy = Strategy::swap_all;
-  Session swapping(build(chain_spec(50)), oc);
+  Session swapping(build_model(chain_spec(50)), oc);
   const size_t staging = in_core.host_pool_bytes();
   const size_t swap_host = swapping.schedule(ProgramKind::train_step)->host_bytes;
   ASSERT_GT(swap_host, staging);
   // Room for a quarter of what swap-all puts on the host.
   oc.strategy = Strategy::automatic;
   oc.host_memory = staging + (swap_host - staging) / 4;
-  Session capped(build(chain_spec(50)), oc);
+  Session capped(build_model(chain_spec(50)), oc);
   EXPECT_LE(capped.host_pool_bytes(), oc.host_memory);
   EXPECT_LE(capped.schedule(ProgramKind::train_step)->host_bytes, oc.host_memory);
   EXPECT_LE(capped.backend().memory_info().arena_bytes, oc.device_memory);
@@ -460,7 +482,7 @@ TEST(HostPool, TheCapIsAPlanningConstraint) {
   // Swap-all cannot live under that cap: the error says what it needs.
   oc.strategy = Strategy::swap_all;
   try {
-    Session s(build(chain_spec(50)), oc);
+    Session s(build_model(chain_spec(50)), oc);
     ADD_FAILURE() << "swap-all fitted a host cap below its swap slots";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), POOCH_ERR_OUT_OF_BUDGET);
@@ -478,7 +500,7 @@ TEST(OutOfCoreReport, TimelineAndOccupancyAgreeWithTheSimulatorAndThePlacement) 
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 1;
-  Session in_core(build(norm_spec()), cfg);
+  Session in_core(build_model(norm_spec()), cfg);
   const size_t in_core_train = in_core.out_of_core().in_core_arena;
   size_t persistent = 0;
   for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
@@ -486,7 +508,7 @@ TEST(OutOfCoreReport, TimelineAndOccupancyAgreeWithTheSimulatorAndThePlacement) 
   for (size_t budget : {size_t{0}, persistent + (in_core_train - persistent) * 3 / 4}) {
     SessionConfig oc = cfg;
     oc.device_memory = budget;
-    Session s(build(norm_spec()), oc);
+    Session s(build_model(norm_spec()), oc);
     const Schedule& sc = *s.schedule(ProgramKind::train_step);
     const std::vector<StepTiming> tl = simulate_timeline(sc, s.profile());
     ASSERT_EQ(tl.size(), sc.steps.size());
@@ -560,7 +582,7 @@ TEST(Profiler, ProfiledStepsMeasureTheEmulatedLink) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 1;
-  Session in_core(build(spec), cfg);
+  Session in_core(build_model(spec), cfg);
   const size_t in_core_train = in_core.out_of_core().in_core_arena;
   size_t persistent = 0;
   for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
@@ -570,7 +592,7 @@ TEST(Profiler, ProfiledStepsMeasureTheEmulatedLink) {
   oc.strategy = Strategy::swap_all;
   oc.link_bandwidth = 400e6;
   oc.link_latency = 1e-4;
-  Session s(build(spec), oc);
+  Session s(build_model(spec), oc);
   ASSERT_GT(s.schedule(ProgramKind::train_step)->copies.size(), 0u) << "nothing swapped";
   fill_inputs(s, 0);
   for (int run = 0; run < 3; ++run) s.run_profiled_train_step();
