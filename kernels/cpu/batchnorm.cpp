@@ -52,15 +52,41 @@ double channel_sq_dev(const float* x, const BnDims& d, double mean) {
   return q;
 }
 
-// y = (x − mean)·scale + shift over one channel (x − mean first: where the
-// mean is large against the spread, x·scale and mean·scale would cancel).
-void channel_normalise(const float* x, float* y, const BnDims& d, float mean, float scale,
-                       float shift) {
+// One channel's batch statistics: the mean, the biased variance and Σ(x −
+// mean)² (for the running variance's unbiased estimate). No values: all 0
+// (as the reference).
+struct ChannelStats {
+  double mean = 0, var = 0, sq_dev = 0;
+};
+
+// Not inlined, like channel_normalise: batchnorm and batchnorm_replay must
+// run the same instructions, so that a recompute gives the forward's bits.
+[[gnu::noinline]] ChannelStats batch_stats(const float* xc, const BnDims& d) {
+  const int64_t count = d.N * d.S;
+  if (!count) return {};
+  ChannelStats st;
+  st.mean = channel_sum(xc, d) / static_cast<double>(count);
+  st.sq_dev = channel_sq_dev(xc, d, st.mean);
+  st.var = st.sq_dev / static_cast<double>(count);
+  return st;
+}
+
+// y = (x − mean)·scale + shift over one channel, scale = γ/√(var + eps)
+// (x − mean first: where the mean is large against the spread, x·scale and
+// mean·scale would cancel). The loop subtracts the mean rounded to float;
+// what rounding took off goes into the shift, in double, so a large mean
+// loses nothing.
+[[gnu::noinline]] void channel_normalise(const float* x, float* y, const BnDims& d, double mean,
+                                         double var, float gamma, float beta, double eps) {
+  const double scale = gamma / std::sqrt(var + eps);
+  const float fmean = static_cast<float>(mean);
+  const auto fscale = static_cast<float>(scale);
+  const auto shift = static_cast<float>(beta - (mean - fmean) * scale);
   for (int64_t n = 0; n < d.N; ++n) {
     const float* v = x + n * d.C * d.S;
     float* w = y + n * d.C * d.S;
 #pragma omp simd
-    for (int64_t p = 0; p < d.S; ++p) w[p] = (v[p] - mean) * scale + shift;
+    for (int64_t p = 0; p < d.S; ++p) w[p] = (v[p] - fmean) * fscale + shift;
   }
 }
 
@@ -82,14 +108,13 @@ void batchnorm(const KernelArgs& a) {
     const float* xc = x + c * d.S;
     double mean, var;
     if (training) {
-      // No values: the statistics of nothing are 0 (as the reference), and
-      // the running averages move toward them.
-      mean = count ? channel_sum(xc, d) / static_cast<double>(count) : 0.0;
-      const double q = count ? channel_sq_dev(xc, d, mean) : 0.0;
-      var = count ? q / static_cast<double>(count) : 0.0;
-      // The running variance takes the unbiased estimate (PyTorch's rule);
-      // one value has none, and the batch variance stands in.
-      const double unbiased = count > 1 ? q / static_cast<double>(count - 1) : var;
+      const ChannelStats st = batch_stats(xc, d);
+      mean = st.mean;
+      var = st.var;
+      // The running averages move toward the batch's statistics (those of
+      // nothing are 0). The running variance takes the unbiased estimate
+      // (PyTorch's rule); one value has none, and the batch variance stands in.
+      const double unbiased = count > 1 ? st.sq_dev / static_cast<double>(count - 1) : var;
       rmean[c] = static_cast<float>((1 - mom) * rmean[c] + mom * mean);
       rvar[c] = static_cast<float>((1 - mom) * rvar[c] + mom * unbiased);
     } else {
@@ -98,13 +123,23 @@ void batchnorm(const KernelArgs& a) {
     }
     mean_out[c] = static_cast<float>(mean);
     var_out[c] = static_cast<float>(var);
-    const double scale = gamma[c] / std::sqrt(var + eps);
-    // The loop subtracts the mean rounded to float; what rounding took off
-    // goes into the shift, in double, so a large mean loses nothing.
-    const float fmean = static_cast<float>(mean);
-    const double shift = beta[c] - (mean - fmean) * scale;
-    channel_normalise(xc, y + c * d.S, d, fmean, static_cast<float>(scale),
-                      static_cast<float>(shift));
+    channel_normalise(xc, y + c * d.S, d, mean, var, gamma[c], beta[c], eps);
+  }
+}
+
+// batchnorm's training output again: the same statistics and normalisation
+// code, nothing else written (a recompute, docs/OPS.md).
+void batchnorm_replay(const KernelArgs& a) {
+  const BnDims d = bn_dims(a.in[0]);
+  const float* x = a.in[0].as<float>();
+  const float* gamma = a.in[1].as<float>();
+  const float* beta = a.in[2].as<float>();
+  float* y = a.out[0].as<float>();
+  const double eps = a.attrs.get("eps", 1e-5);
+#pragma omp parallel for num_threads(threads_of(a)) if (d.N * d.S * d.C > 32768) schedule(static)
+  for (int64_t c = 0; c < d.C; ++c) {
+    const ChannelStats st = batch_stats(x + c * d.S, d);
+    channel_normalise(x + c * d.S, y + c * d.S, d, st.mean, st.var, gamma[c], beta[c], eps);
   }
 }
 
@@ -161,6 +196,7 @@ void batchnorm_grad(const KernelArgs& a) {
 std::vector<KernelVariant> cpu_batchnorm_kernels() {
   return {
       KernelVariant{"batchnorm", "omp", batchnorm, nullptr, true, f32_operands},
+      KernelVariant{"batchnorm_replay", "omp", batchnorm_replay, nullptr, true, f32_operands},
       KernelVariant{"batchnorm_grad", "omp", batchnorm_grad, nullptr, true, f32_operands},
   };
 }

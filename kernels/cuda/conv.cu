@@ -351,6 +351,24 @@ void batchnorm(const KernelArgs& a) {
   });
 }
 
+// batchnorm's training output again, for a recompute: the same cuDNN call
+// (the statistics recomputed from x, the same reduction), its running
+// averages and saved statistics written into the workspace instead (an
+// averaging factor of 0 leaves them as they were), so nothing of the
+// session changes and y has the forward pass's bits.
+void batchnorm_replay(const KernelArgs& a) {
+  const Prepared& p = prepared("batchnorm", false, a, build_bn);
+  const double eps = a.attrs.get("eps", 1e-5);
+  const int64_t C = a.in[0].shape[1];
+  float* scratch = static_cast<float*>(a.workspace);  // running mean, var; saved mean, 1/std
+  with_handle(a, "batchnorm_replay", p, [&](cudnnHandle_t h) {
+    return cudnn().cudnnBatchNormalizationForwardTraining(
+        h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.a, a.in[0].data, p.a, a.out[0].data, p.b,
+        a.in[1].data, a.in[2].data, 0.0, scratch, scratch + C, eps, scratch + 2 * C,
+        scratch + 3 * C);
+  });
+}
+
 void batchnorm_grad(const KernelArgs& a) {
   // The statistics are recomputed from x (cuDNN's saved-statistics inputs
   // may be null): the op saves the variance, cuDNN would want 1/√(var + eps).
@@ -367,6 +385,10 @@ void batchnorm_grad(const KernelArgs& a) {
 size_t bn_ws(const KernelArgs& a) {
   (void)prepared("batchnorm", false, a, build_bn);
   return 0;
+}
+size_t bn_replay_ws(const KernelArgs& a) {
+  (void)prepared("batchnorm", false, a, build_bn);
+  return 4 * static_cast<size_t>(a.in[0].shape[1]) * sizeof(float);
 }
 size_t bn_grad_ws(const KernelArgs& a) {
   (void)prepared("batchnorm_grad", false, a, build_bn);
@@ -508,6 +530,7 @@ std::vector<KernelVariant> cuda_conv_kernels() {
       var("conv2d_grad_weight", "cudnn_det", conv2d_grad_weight<true>, conv2d_grad_weight_ws<true>,
           true),
       var("batchnorm", "cudnn", batchnorm, bn_ws, true, supports_bn),
+      var("batchnorm_replay", "cudnn", batchnorm_replay, bn_replay_ws, true, supports_bn),
       var("batchnorm_grad", "cudnn", batchnorm_grad, bn_grad_ws, true, supports_bn),
       var("maxpool2d", "cudnn", pool_fwd<kMaxPool, build_maxpool>,
           prep_only<kMaxPool, build_maxpool>, true),

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "../common/conv_geom.h"
@@ -141,10 +142,40 @@ BnDims bn_dims(const TensorView& x) {
   return {x.shape[0], x.shape[1], x.ndim == 4 ? x.shape[2] * x.shape[3] : 1};
 }
 
+// One channel's batch mean and Σ (x − mean)² (0 for no values).
+template <class T>
+std::pair<double, double> channel_stats(const T* x, const BnDims& d, int64_t c) {
+  const int64_t count = d.N * d.S;
+  if (!count) return {0.0, 0.0};
+  double s = 0;
+  for (int64_t n = 0; n < d.N; ++n)
+    for (int64_t p = 0; p < d.S; ++p) s += static_cast<double>(x[(n * d.C + c) * d.S + p]);
+  const double mean = s / static_cast<double>(count);
+  double q = 0;
+  for (int64_t n = 0; n < d.N; ++n)
+    for (int64_t p = 0; p < d.S; ++p) {
+      const double v = static_cast<double>(x[(n * d.C + c) * d.S + p]) - mean;
+      q += v * v;
+    }
+  return {mean, q};
+}
+
+// y = (x − mean)/√(var + eps)·γ + β over one channel.
+template <class T>
+void channel_normalise(const T* x, T* y, const BnDims& d, int64_t c, double mean, double var,
+                       double gamma, double beta, double eps) {
+  const double rstd = 1.0 / std::sqrt(var + eps);
+  for (int64_t n = 0; n < d.N; ++n)
+    for (int64_t p = 0; p < d.S; ++p) {
+      const int64_t i = (n * d.C + c) * d.S + p;
+      y[i] = static_cast<T>((static_cast<double>(x[i]) - mean) * rstd * gamma + beta);
+    }
+}
+
 template <class T>
 struct BatchNorm {
   static void run(const KernelArgs& a) {
-    const auto [N, C, S] = bn_dims(a.in[0]);
+    const BnDims d = bn_dims(a.in[0]);
     const T* x = a.in[0].as<T>();
     const T* gamma = a.in[1].as<T>();
     const T* beta = a.in[2].as<T>();
@@ -155,20 +186,12 @@ struct BatchNorm {
     T* var_out = a.out[2].as<T>();
     const double eps = a.attrs.get("eps", 1e-5), mom = a.attrs.get("momentum", 0.1);
     const bool training = !a.ctx || a.ctx->training;
-    const int64_t count = N * S;
-    for (int64_t c = 0; c < C; ++c) {
+    const int64_t count = d.N * d.S;
+    for (int64_t c = 0; c < d.C; ++c) {
       double mean, var;
       if (training) {
-        double s = 0;
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t p = 0; p < S; ++p) s += static_cast<double>(x[(n * C + c) * S + p]);
-        mean = count ? s / static_cast<double>(count) : 0.0;
-        double q = 0;
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t p = 0; p < S; ++p) {
-            const double v = static_cast<double>(x[(n * C + c) * S + p]) - mean;
-            q += v * v;
-          }
+        const auto [m, q] = channel_stats(x, d, c);
+        mean = m;
         var = count ? q / static_cast<double>(count) : 0.0;
         // The running variance takes the unbiased estimate (PyTorch's rule);
         // one value has none, and the batch variance (0) stands in.
@@ -181,13 +204,26 @@ struct BatchNorm {
       }
       mean_out[c] = static_cast<T>(mean);
       var_out[c] = static_cast<T>(var);
-      const double rstd = 1.0 / std::sqrt(var + eps);
-      const double g = static_cast<double>(gamma[c]), b = static_cast<double>(beta[c]);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t p = 0; p < S; ++p) {
-          const int64_t i = (n * C + c) * S + p;
-          y[i] = static_cast<T>((static_cast<double>(x[i]) - mean) * rstd * g + b);
-        }
+      channel_normalise(x, y, d, c, mean, var, static_cast<double>(gamma[c]),
+                        static_cast<double>(beta[c]), eps);
+    }
+  }
+};
+
+// batchnorm's training output alone; nothing else written.
+template <class T>
+struct BatchNormReplay {
+  static void run(const KernelArgs& a) {
+    const BnDims d = bn_dims(a.in[0]);
+    const T* x = a.in[0].as<T>();
+    const T* gamma = a.in[1].as<T>();
+    const T* beta = a.in[2].as<T>();
+    const int64_t count = d.N * d.S;
+    for (int64_t c = 0; c < d.C; ++c) {
+      const auto [mean, q] = channel_stats(x, d, c);
+      channel_normalise(x, a.out[0].as<T>(), d, c, mean,
+                        count ? q / static_cast<double>(count) : 0.0, static_cast<double>(gamma[c]),
+                        static_cast<double>(beta[c]), a.attrs.get("eps", 1e-5));
     }
   }
 };
@@ -400,6 +436,7 @@ std::vector<KernelVariant> ref_conv_kernels() {
       ref("conv2d_grad_input", dispatch<Conv2dGradInput>),
       ref("conv2d_grad_weight", dispatch<Conv2dGradWeight>),
       ref("batchnorm", dispatch<BatchNorm>),
+      ref("batchnorm_replay", dispatch<BatchNormReplay>),
       ref("batchnorm_grad", dispatch<BatchNormGrad>),
       ref("maxpool2d", dispatch<MaxPool>),
       ref("maxpool2d_grad", dispatch<MaxPoolGrad>),

@@ -56,6 +56,17 @@ struct OpDef {
   // layer's row gradient, when the weight's update runs on the host): the
   // gradient is made where it is used instead of copied out.
   bool host_for_host_readers = false;
+  // How a recompute remakes output 0 where the op itself may not run again
+  // (it has several outputs, or writes into its inputs): `op` reads this
+  // op's inputs listed in `inputs`, takes its attributes, and makes output
+  // 0's exact bits without side effects (batch normalisation's training
+  // normalisation: the statistics recomputed from x, the running averages
+  // untouched). Recompute only happens in training programs. Empty `op`:
+  // none, and such an op's outputs are swapped or kept, never recomputed.
+  struct Replay {
+    std::string op;
+    std::vector<int> inputs;
+  } replay;
   BackwardFn backward;  // empty: not differentiable
   // A loss: its output is a scalar, it is only ever the root of the backward
   // pass, and its backward builder ignores dy (the gradient of the loss is 1).

@@ -1,6 +1,7 @@
 // Kernel checker cases for the convolutional family (docs/OPS.md,
 // "Convolutional"): conv2d over strides, padding, dilation and groups (with
-// and without a bias), batch normalisation in training and inference, max
+// and without a bias), batch normalisation in training and inference (and
+// its replay, which a recompute runs), max
 // and average pooling, global average pooling. The runner derives the
 // gradient ops from the backward builders and checks them against finite
 // differences.
@@ -82,6 +83,16 @@ void batchnorm_cases(Rng& rng, std::vector<OpCase>& out) {
       k.atol = 2e-5;
       k.fd_tol = 1e-5;
       k.label = fmt::format("x={} {}", shape_str(s), training ? "training" : "inference");
+      if (training) {
+        // The recompute's op reads the same x, gamma and beta.
+        OpCase replay = k;
+        replay.op = "batchnorm_replay";
+        replay.inputs.resize(3);
+        replay.attrs = Attrs{}.set("eps", 1e-5);
+        replay.grad_inputs.clear();
+        replay.label = fmt::format("x={}", shape_str(s));
+        out.push_back(std::move(replay));
+      }
       out.push_back(std::move(k));
     }
   // Channels whose mean (100) is large against their spread (0.01): the

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -599,6 +600,52 @@ TEST(CpuKernels, AOneDnnKernelRefusesAWorkspaceSmallerThanItAskedFor) {
           << e.what();
     }
   }
+}
+
+// A recompute of a batch normalisation's output runs batchnorm_replay: it
+// must give the forward pass's bits (at the thread count the step runs at,
+// over enough channels and values to spread over the threads, with a mean
+// far from 0) and write nothing but y.
+TEST(CpuKernels, BatchnormReplayRemakesTheForwardOutputBitForBit) {
+  auto b = backend_with_arena(8 * kMiB);
+  const kern::KernelVariant* bn = b->find_kernel("batchnorm");
+  const kern::KernelVariant* replay = b->find_kernel("batchnorm_replay");
+  ASSERT_NE(bn, nullptr);
+  ASSERT_NE(replay, nullptr);
+  const int64_t N = 4, C = 24, H = 13, W = 11, n = N * C * H * W;
+  float* at = reinterpret_cast<float*>(b->arena_base());
+  float *x = at, *gamma = x + n, *beta = gamma + C, *rmean = beta + C, *rvar = rmean + C,
+        *y = rvar + C, *mean = y + n, *var = mean + C, *y2 = var + C;
+  for (int64_t i = 0; i < n; ++i) x[i] = 3.0f + std::sin(0.37f * static_cast<float>(i));
+  for (int64_t c = 0; c < C; ++c) {
+    gamma[c] = 0.5f + 0.1f * static_cast<float>(c);
+    beta[c] = -0.25f * static_cast<float>(c);
+    rmean[c] = 0.1f;
+    rvar[c] = 2.0f;
+  }
+  kern::KernelArgs a = args_of(
+      {operand(DType::f32, {N, C, H, W}), operand(DType::f32, {C}), operand(DType::f32, {C}),
+       operand(DType::f32, {C}), operand(DType::f32, {C})},
+      {operand(DType::f32, {N, C, H, W}), operand(DType::f32, {C}), operand(DType::f32, {C})});
+  a.attrs.set("eps", 1e-5);
+  a.attrs.set("momentum", 0.1);
+  a.device = b->kernel_device();
+  float* in[] = {x, gamma, beta, rmean, rvar};
+  float* out[] = {y, mean, var};
+  for (int i = 0; i < 5; ++i) a.in[i].data = in[i];
+  for (int i = 0; i < 3; ++i) a.out[i].data = out[i];
+  b->launch(Stream::compute, *bn, a);
+  b->stream_sync(Stream::compute);
+  const std::vector<float> moved(rmean, rvar + C);  // the running averages after one step
+  kern::KernelArgs r = args_of({a.in[0], a.in[1], a.in[2]}, {a.out[0]});
+  r.out[0].data = y2;
+  r.attrs = a.attrs;
+  r.device = a.device;
+  b->launch(Stream::compute, *replay, r);
+  b->stream_sync(Stream::compute);
+  EXPECT_EQ(std::memcmp(y, y2, static_cast<size_t>(n) * 4), 0) << "the replay's bits differ";
+  EXPECT_EQ(std::vector<float>(rmean, rvar + C), moved) << "the replay moved the running averages";
+  EXPECT_NE(moved[0], 0.1f);  // the forward pass did move them
 }
 
 }  // namespace

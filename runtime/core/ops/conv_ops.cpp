@@ -274,7 +274,26 @@ void add_batchnorm(OpRegistry& r) {
     for (size_t i = 0; i < 3; ++i)
       if (needs[i]) dx[i] = d[i];
   };
+  bn.replay = {"batchnorm_replay", {0, 1, 2}};
   r.add(std::move(bn));
+
+  // x, gamma, beta -> y: batchnorm's training output alone, the batch's
+  // statistics recomputed from x in batchnorm's own order (the same bits),
+  // nothing else written. What a recompute of batchnorm's output runs.
+  OpDef replay;
+  replay.name = "batchnorm_replay";
+  replay.min_inputs = replay.max_inputs = 3;
+  replay.infer = [](InDescs in, const Attrs& attrs) -> std::vector<OutSpec> {
+    const std::string_view op = "batchnorm_replay";
+    const TensorDesc& x = *in[0];
+    expect_bn_input(op, x, "input");
+    const char* roles[] = {"", "gamma", "beta"};
+    for (int i = 1; i < 3; ++i) expect_channels(op, *in[i], roles[i], x);
+    bn_eps(op, attrs);
+    return {OutSpec{x.dtype, x.shape}};
+  };
+  replay.flops = [](InDescs in, InDescs, const Attrs&) { return 8.0 * numel(in[0]); };
+  r.add(std::move(replay));
 
   // dy, x, gamma, mean, var -> dx, dgamma, dbeta (the batch-statistics gradient).
   OpDef bg;
