@@ -10,6 +10,7 @@
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
 #include "../core/op_registry.h"
+#include "program_facts.h"
 
 namespace pooch {
 
@@ -286,16 +287,16 @@ struct Search {
     for (const SavedActivation& sa : saved) v[static_cast<size_t>(sa.tensor)] = r;
     return v;
   }
-  // Every saved activation whose producer reads no recomputed one: one level
-  // of recompute (a chain recomputed from its start would bring every
-  // activation back at once and save nothing).
+  // Every saved activation whose recompute reads no recomputed one (through
+  // what it remakes on its way): one level of recompute (a chain recomputed
+  // from its start would bring every activation back at once and save
+  // nothing).
   std::vector<Residency> recompute_one_level() const {
     std::vector<Residency> v(g.num_tensors(), Residency::keep);
     for (const SavedActivation& sa : saved) {
       if (!sa.recomputable) continue;
       bool reads_recomputed = false;
-      for (TensorId x :
-           g.nodes()[static_cast<size_t>(base.nodes[static_cast<size_t>(sa.producer)])].inputs)
+      for (TensorId x : remake_reads[static_cast<size_t>(sa.tensor)])
         reads_recomputed = reads_recomputed || v[static_cast<size_t>(x)] == Residency::recompute;
       if (!reads_recomputed) v[static_cast<size_t>(sa.tensor)] = Residency::recompute;
     }
@@ -354,8 +355,46 @@ struct Search {
     return out;
   }
 
+  // Per tensor: what its recompute costs, and the tensors it reads that it
+  // does not remake on its way (price_recomputes).
+  std::vector<double> remake = {};
+  std::vector<std::vector<TensorId>> remake_reads = {};
   double producer_seconds(const SavedActivation& sa) const {
-    return profile.node_seconds[static_cast<size_t>(base.nodes[static_cast<size_t>(sa.producer)])];
+    return remake[static_cast<size_t>(sa.tensor)];
+  }
+  // A recompute runs its producer (or the producer's replay), and before it
+  // the producers of the never-saved activations it remakes on its way
+  // (saved_activations' `through`), each once.
+  void price_recomputes() {
+    const Aliases al = find_aliases(g, base);
+    std::vector<SavedActivation> through;
+    (void)saved_activations(g, base, al, &through);
+    std::vector<int> made_at(g.num_tensors(), -1);  // a through tensor's producer
+    for (const SavedActivation& sa : through) made_at[static_cast<size_t>(sa.tensor)] = sa.producer;
+    remake.assign(g.num_tensors(), 0);
+    remake_reads.assign(g.num_tensors(), {});
+    std::vector<size_t> seen(base.nodes.size(), SIZE_MAX);  // the last saved index that ran it
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (!saved[i].recomputable) continue;
+      double seconds = 0;
+      std::vector<int> todo{saved[i].producer};
+      seen[static_cast<size_t>(saved[i].producer)] = i;
+      while (!todo.empty()) {
+        const int ni = base.nodes[static_cast<size_t>(todo.back())];
+        todo.pop_back();
+        seconds += profile.node_seconds[static_cast<size_t>(ni)];
+        const Node& nd = g.nodes()[static_cast<size_t>(ni)];
+        for (TensorId x : recompute_node(nd, op_registry().get(nd.op)).inputs) {
+          const TensorId r = al.root[static_cast<size_t>(x)];
+          const int q = made_at[static_cast<size_t>(r)];
+          if (q < 0) remake_reads[static_cast<size_t>(saved[i].tensor)].push_back(r);
+          if (q < 0 || seen[static_cast<size_t>(q)] == i) continue;
+          seen[static_cast<size_t>(q)] = i;
+          todo.push_back(q);
+        }
+      }
+      remake[static_cast<size_t>(saved[i].tensor)] = seconds;
+    }
   }
   double transfer_seconds(const SavedActivation& sa) const {
     const double bw = std::min(profile.link.h2d_bandwidth, profile.link.d2h_bandwidth);
@@ -571,6 +610,7 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
                          const SessionLayout& layout, const PlanOptions& opt, Strategy strategy,
                          size_t budget, const Profile& profile, size_t host_budget) {
   Search s{g, base, backend, layout, opt, budget, profile, saved_activations(g, base), host_budget};
+  s.price_recomputes();
   Search::Candidate best;
   Strategy from = strategy;
   switch (strategy) {

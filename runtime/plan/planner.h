@@ -79,9 +79,11 @@ struct SavedActivation {
   TensorId tensor = kNoTensor;
   int producer = -1;      // program position of the node that makes it
   int last_forward = -1;  // its last use before the gap (at or before the split, for an activation)
-  int first_backward = -1;    // its first use after the gap
-  bool recomputable = false;  // a single-output producer that may run again
-  bool gradient = false;      // a gradient, not an activation
+  int first_backward = -1;  // its first use after the gap
+  // A producer that may run again (one output, writes no input), or whose
+  // replay remakes this output (OpDef::replay).
+  bool recomputable = false;
+  bool gradient = false;  // a gradient, not an activation
   size_t bytes = 0;
 };
 std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req);
@@ -113,7 +115,14 @@ struct PlanCache {
   std::vector<TensorId> root;
   std::vector<char> is_view, has_alias;
   std::vector<SavedActivation> saved;
+  // Activations a recompute remakes on its way (saved_activations' `through`).
+  std::vector<SavedActivation> through;
   std::vector<const OpDef*> def;
+  // Per program position: what a recompute of its output launches
+  // (recompute_node), for the positions that replay instead of running again.
+  std::vector<Node> replay;
+  std::vector<const OpDef*> replay_def;
+  std::vector<Launch> replay_launch;  // per graph node, as `launch`
 };
 
 // The first kernel variant of the backend for this op that supports `args`

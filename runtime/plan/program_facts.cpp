@@ -24,8 +24,28 @@ Aliases find_aliases(const Graph& g, const ProgramRequest& req) {
   return a;
 }
 
+bool recompute_replays(const Node& nd, const OpDef& def) {
+  return nd.outputs.size() != 1 || !def.mutates.empty();
+}
+
+bool may_recompute(const Node& nd, const OpDef& def, TensorId t) {
+  if (!recompute_replays(nd, def)) return true;
+  return !def.replay.op.empty() && !nd.outputs.empty() && nd.outputs[0] == t;
+}
+
+Node recompute_node(const Node& nd, const OpDef& def) {
+  if (!recompute_replays(nd, def)) return nd;
+  Node r;
+  r.op = def.replay.op;
+  r.attrs = nd.attrs;
+  for (int i : def.replay.inputs) r.inputs.push_back(nd.inputs[static_cast<size_t>(i)]);
+  r.outputs = {nd.outputs[0]};
+  return r;
+}
+
 std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req,
-                                               const Aliases& al) {
+                                               const Aliases& al,
+                                               std::vector<SavedActivation>* through) {
   std::vector<SavedActivation> out;
   if (req.split < 0) return out;
   const auto& nodes = g.nodes();
@@ -67,11 +87,20 @@ std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequ
     sa.tensor = static_cast<TensorId>(t);
     sa.producer = p;
     sa.bytes = d.bytes();
-    if (d.role == Role::activation && p <= req.split && first_bwd[t] >= 0) {
+    const Node& made_by = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
+    if (d.role == Role::activation && p <= req.split && first_bwd[t] < 0) {
+      if (!through || last_fwd[t] < 0 ||
+          !may_recompute(made_by, op_registry().get(made_by.op), sa.tensor))
+        continue;
+      sa.last_forward = std::max(p, last_fwd[t]);
+      sa.recomputable = true;
+      through->push_back(sa);
+      continue;
+    }
+    if (d.role == Role::activation && p <= req.split) {
       sa.last_forward = std::max(p, last_fwd[t]);
       sa.first_backward = first_bwd[t];
-      const Node& nd = nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
-      sa.recomputable = nd.outputs.size() == 1 && op_registry().get(nd.op).mutates.empty();
+      sa.recomputable = may_recompute(made_by, op_registry().get(made_by.op), sa.tensor);
     } else if (d.role == Role::gradient && p > req.split && !after_split_uses[t].empty()) {
       // A gradient waiting for its update (with clipping, every update waits
       // for the norm of all of them): its gap is the longest stretch between

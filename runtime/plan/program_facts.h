@@ -24,8 +24,26 @@ struct Aliases {
 
 Aliases find_aliases(const Graph& g, const ProgramRequest& req);
 
-// saved_activations (planner.h) with the aliases already found.
+// saved_activations (planner.h) with the aliases already found; with
+// `through`, also the activations a recompute may remake on its way: made
+// in the forward pass by a node that may run again (as for `recomputable`)
+// and read only there, so never saved (a batch normalisation's output that
+// only the ReLU after it reads). A recompute that reads one remakes it just
+// before, rather than keep it on the device from the forward pass (which
+// would free nothing where it is as large as what the recompute saves).
+// Their entries have first_backward -1 and recomputable set.
 std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequest& req,
-                                               const Aliases& al);
+                                               const Aliases& al,
+                                               std::vector<SavedActivation>* through = nullptr);
+
+// Whether a recompute may remake `t`, an output of `nd`: the node runs again
+// when it has one output and writes no input; otherwise output 0 alone is
+// remade by the op's replay (OpDef::replay), where it has one.
+bool may_recompute(const Node& nd, const OpDef& def, TensorId t);
+// Whether remaking an output of `nd` runs its replay instead of the node.
+bool recompute_replays(const Node& nd, const OpDef& def);
+// What a recompute of `nd`'s output launches: the node itself, or its
+// replay (reading the replay's inputs, writing output 0 alone).
+Node recompute_node(const Node& nd, const OpDef& def);
 
 }  // namespace pooch

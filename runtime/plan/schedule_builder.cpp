@@ -43,6 +43,7 @@ struct Interval {
 struct Slot {
   int pos;                      // program position of the node
   TensorId target = kNoTensor;  // a recompute launch: the tensor it remakes
+  bool replay = false;          // the recompute launches the node's replay (OpDef::replay)
 };
 
 // One group of a paged tensor's uses (0: forward, 1: backward, 2: the later
@@ -118,6 +119,7 @@ class ScheduleBuilder {
   // ---- stages 1-3
   std::vector<char> on_host;  // per program position
   std::vector<const SavedActivation*> saved_of;
+  std::vector<const SavedActivation*> through_of;  // per tensor: its PlanCache::through entry
   std::vector<Slot> slots;
   int n_slots = 0;
   std::vector<int> slot_of_pos;
@@ -149,7 +151,15 @@ class ScheduleBuilder {
   const Node& node_at(int p) const {
     return nodes[static_cast<size_t>(req.nodes[static_cast<size_t>(p)])];
   }
-  const Node& slot_node(int sl) const { return node_at(slots[static_cast<size_t>(sl)].pos); }
+  // What slot `sl` launches: its node, or the node's replay.
+  const Node& slot_node(int sl) const {
+    const Slot& x = slots[static_cast<size_t>(sl)];
+    return x.replay ? pc.replay[static_cast<size_t>(x.pos)] : node_at(x.pos);
+  }
+  const OpDef& slot_def(int sl) const {
+    const Slot& x = slots[static_cast<size_t>(sl)];
+    return x.replay ? *pc.replay_def[static_cast<size_t>(x.pos)] : def_at(x.pos);
+  }
   TensorId root(TensorId t) const { return pc.root[static_cast<size_t>(t)]; }
   bool is_view(int p) const { return pc.is_view[static_cast<size_t>(p)] != 0; }
   const OpDef& def_at(int p) const { return *pc.def[static_cast<size_t>(p)]; }
@@ -225,13 +235,21 @@ void ScheduleBuilder::learn_facts() {
   s.training = req.training;
   if (pc.facts) return;
   Aliases a = find_aliases(g, req);
-  pc.saved = saved_activations(g, req, a);
+  pc.saved = saved_activations(g, req, a, &pc.through);
   pc.root = std::move(a.root);
   pc.is_view = std::move(a.is_view);
   pc.has_alias = std::move(a.has_alias);
   pc.def.resize(static_cast<size_t>(n_pos));
-  for (int p = 0; p < n_pos; ++p)
-    pc.def[static_cast<size_t>(p)] = &op_registry().get(node_at(p).op);
+  pc.replay.resize(static_cast<size_t>(n_pos));
+  pc.replay_def.assign(static_cast<size_t>(n_pos), nullptr);
+  for (int p = 0; p < n_pos; ++p) {
+    const auto i = static_cast<size_t>(p);
+    pc.def[i] = &op_registry().get(node_at(p).op);
+    if (is_view(p) || !recompute_replays(node_at(p), *pc.def[i]) || pc.def[i]->replay.op.empty())
+      continue;
+    pc.replay[i] = recompute_node(node_at(p), *pc.def[i]);
+    pc.replay_def[i] = &op_registry().get(pc.replay[i].op);
+  }
   pc.facts = true;
 }
 
@@ -286,7 +304,11 @@ void ScheduleBuilder::place_host_nodes() {
 void ScheduleBuilder::choose_residency() {
   s.residency.assign(n_t, Residency::keep);
   saved_of.assign(n_t, nullptr);
+  through_of.assign(n_t, nullptr);
   if (req.residency.empty()) return;
+  for (const SavedActivation& sa : pc.through)
+    if (!on_host[static_cast<size_t>(sa.producer)])
+      through_of[static_cast<size_t>(sa.tensor)] = &sa;
   for (const SavedActivation& sa : pc.saved) {
     // A gradient whose update runs on the host goes there once, not back;
     // what a host node makes is copied in once and kept.
@@ -302,6 +324,8 @@ void ScheduleBuilder::choose_residency() {
 // The launch slots: every node that is not a view, in program order, with
 // recompute launches inserted where a backward node first needs a tensor
 // that was recomputed away (its producer's own inputs first, recursively).
+// A recompute's input that was never saved (through_of) is remade too,
+// rather than kept on the device from the forward pass.
 void ScheduleBuilder::lay_out_slots() {
   slot_of_pos.assign(static_cast<size_t>(n_pos), -1);
   std::vector<char> back(n_t, 0);  // an out-of-core tensor is back on the device
@@ -311,8 +335,17 @@ void ScheduleBuilder::lay_out_slots() {
     if (s.residency[r] == Residency::keep || back[r]) return;
     back[r] = 1;
     if (s.residency[r] == Residency::recompute) {
-      for (TensorId in : node_at(saved_of[r]->producer).inputs) bring_back(in);
-      slots.push_back({saved_of[r]->producer, static_cast<TensorId>(r)});
+      const int p = saved_of[r]->producer;
+      const bool replay = recompute_replays(node_at(p), def_at(p));
+      for (TensorId in : (replay ? pc.replay[static_cast<size_t>(p)] : node_at(p)).inputs) {
+        const auto q = static_cast<size_t>(root(in));
+        if (through_of[q] && s.residency[q] == Residency::keep) {
+          s.residency[q] = Residency::recompute;
+          saved_of[q] = through_of[q];
+        }
+        bring_back(in);
+      }
+      slots.push_back({p, static_cast<TensorId>(r), replay});
     }
     back_at[r] = static_cast<int>(slots.size());  // the next slot reads it
   };
@@ -459,7 +492,7 @@ void ScheduleBuilder::plan_paged_groups() {
   for (int sl = 0; sl < n_slots; ++sl) {
     if (runs_on_host(sl)) continue;  // writes the home itself
     const Node& nd = slot_node(sl);
-    for (int m : def_at(slots[static_cast<size_t>(sl)].pos).mutates) {
+    for (int m : slot_def(sl).mutates) {
       const auto r = static_cast<size_t>(root(nd.inputs[static_cast<size_t>(m)]));
       if (paged(r)) pg[r][static_cast<size_t>(group_of(r, sl))].written = true;
     }
@@ -560,7 +593,10 @@ void ScheduleBuilder::request_buffers() {
       s.transient_tensor.push_back(static_cast<TensorId>(t));
     }
     if (s.residency[t] == Residency::swap) s.swapped_bytes += d.bytes();
-    if (s.residency[t] == Residency::recompute) s.recomputed_bytes += d.bytes();
+    // Saved activations alone: those remade on the way are not in the
+    // report's table of decisions.
+    if (s.residency[t] == Residency::recompute && saved_of[t]->first_backward >= 0)
+      s.recomputed_bytes += d.bytes();
     if (paged(t))
       for (const PagedGroup& G : pg[t]) {
         if (G.page_in >= 0) s.paged_in_bytes += d.bytes();
@@ -578,8 +614,8 @@ void ScheduleBuilder::request_buffers() {
 void ScheduleBuilder::allow_in_place() {
   for (int sl = 0; sl < n_slots; ++sl) {
     const Slot& slot = slots[static_cast<size_t>(sl)];
-    const Node& nd = node_at(slot.pos);
-    const OpDef& def = def_at(slot.pos);
+    const Node& nd = slot_node(sl);
+    const OpDef& def = slot_def(sl);
     if (def.inplace_input < 0 || nd.outputs.empty() || runs_on_host(sl)) continue;
     const TensorId x = root(nd.inputs[static_cast<size_t>(def.inplace_input)]);
     const Role rx = g.tensor(x).role;
@@ -603,12 +639,14 @@ void ScheduleBuilder::make_launches() {
   for (int sl = 0; sl < n_slots; ++sl) {
     const Slot& slot = slots[static_cast<size_t>(sl)];
     const int ni = req.nodes[static_cast<size_t>(slot.pos)];
-    const Node& nd = nodes[static_cast<size_t>(ni)];
+    const Node& nd = slot_node(sl);
     s.launch_node.push_back(ni);
     const bool host = runs_on_host(sl);
-    if (!host && cache && cache->launch.size() == nodes.size() &&
-        cache->launch[static_cast<size_t>(ni)].kernel) {
-      const Launch& l = cache->launch[static_cast<size_t>(ni)];
+    std::vector<Launch>* cached =
+        cache ? slot.replay ? &cache->replay_launch : &cache->launch : nullptr;
+    if (!host && cached && cached->size() == nodes.size() &&
+        (*cached)[static_cast<size_t>(ni)].kernel) {
+      const Launch& l = (*cached)[static_cast<size_t>(ni)];
       ws_req.push_back(static_cast<int>(reqs.size()));
       BufferRequest wr{l.args.workspace_bytes, sl, sl, Role::activation, -1, {}};
       if (names) wr.name = fmt::format("workspace of node {} ({})", ni, nd.op);
@@ -648,9 +686,9 @@ void ScheduleBuilder::make_launches() {
     if (!candidate) s.launches.push_back(l);
     if (host) ++s.host_launches;
     if (host && !def_at(slot.pos).mutates.empty()) ++s.host_updates;
-    if (cache && !host) {
-      cache->launch.resize(nodes.size());
-      cache->launch[static_cast<size_t>(ni)] = l;
+    if (cached && !host) {
+      cached->resize(nodes.size());
+      (*cached)[static_cast<size_t>(ni)] = l;
     }
   }
 }
@@ -684,7 +722,7 @@ void ScheduleBuilder::place_on_device() {
   for (int sl = 0; sl < n_slots; ++sl) {
     Launch& l = s.launches[static_cast<size_t>(sl)];
     if (l.on_host) continue;  // host pool offsets, in place_on_host
-    const Node& nd = nodes[static_cast<size_t>(l.node)];
+    const Node& nd = slot_node(sl);
     for (int j = 0; j < l.args.n_in; ++j)
       l.in_offset[j] = device_offset(nd.inputs[static_cast<size_t>(j)], sl, false);
     for (int j = 0; j < l.args.n_out; ++j)

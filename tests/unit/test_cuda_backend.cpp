@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <set>
@@ -514,6 +515,78 @@ TEST(CudaBackend, KernelDeviceSizesWorkspacesExactly) {
   const size_t exact = det->workspace(a);
   EXPECT_GT(exact, 0u);
   EXPECT_LE(exact, bound);
+}
+
+// A recompute of a batch normalisation's output runs batchnorm_replay (the
+// same cuDNN call, its running averages and saved statistics written into
+// its workspace): y must have the forward pass's bits, and the session's
+// running averages must move once, in the forward pass.
+TEST(CudaBackend, BatchnormReplayRemakesTheForwardOutputBitForBit) {
+  SKIP_WITHOUT_DEVICE();
+  const int64_t N = 8, C = 32, H = 14, W = 14, n = N * C * H * W;
+  // One layout in the arena and the host pool, each array 256-byte aligned.
+  enum { X, GAMMA, BETA, RMEAN, RVAR, Y, MEAN, VAR, Y2, WS, COUNT };
+  const int64_t elems[COUNT] = {n, C, C, C, C, n, C, C, n, 4 * C};
+  size_t at[COUNT + 1] = {0};
+  for (int i = 0; i < COUNT; ++i)
+    at[i + 1] = (at[i] + static_cast<size_t>(elems[i]) * 4 + 255) / 256 * 256;
+  auto b = backend_with(at[COUNT], at[COUNT]);
+  std::byte* host = b->host_pool_base();
+  auto hf = [&](int i) { return reinterpret_cast<float*>(host + at[i]); };
+  for (int64_t i = 0; i < n; ++i) hf(X)[i] = 3.0f + std::sin(0.37f * static_cast<float>(i));
+  for (int64_t c = 0; c < C; ++c) {
+    hf(GAMMA)[c] = 0.5f + 0.1f * static_cast<float>(c);
+    hf(BETA)[c] = -0.25f * static_cast<float>(c);
+    hf(RMEAN)[c] = 0.1f;
+    hf(RVAR)[c] = 2.0f;
+  }
+  b->copy_async(Stream::h2d, b->arena_base(), host, at[Y]);
+  b->stream_sync(Stream::h2d);
+  kern::KernelContext ctx;
+  ctx.training = 1;
+  kern::KernelArgs a;
+  a.n_in = 5;
+  a.n_out = 3;
+  const int in[] = {X, GAMMA, BETA, RMEAN, RVAR}, out[] = {Y, MEAN, VAR};
+  for (int i = 0; i < 5; ++i) {
+    a.in[i] =
+        operand(DType::f32, i == 0 ? std::vector<int64_t>{N, C, H, W} : std::vector<int64_t>{C});
+    a.in[i].data = b->arena_base() + at[in[i]];
+  }
+  for (int i = 0; i < 3; ++i) {
+    a.out[i] =
+        operand(DType::f32, i == 0 ? std::vector<int64_t>{N, C, H, W} : std::vector<int64_t>{C});
+    a.out[i].data = b->arena_base() + at[out[i]];
+  }
+  a.attrs.set("eps", 1e-5);
+  a.attrs.set("momentum", 0.1);
+  a.ctx = &ctx;
+  a.device = b->kernel_device();
+  const kern::KernelVariant* bn = b->find_kernel("batchnorm");
+  const kern::KernelVariant* replay = b->find_kernel("batchnorm_replay");
+  ASSERT_NE(bn, nullptr);
+  ASSERT_NE(replay, nullptr);
+  ASSERT_TRUE(bn->supports(a));
+  a.workspace_bytes = bn->workspace(a);
+  b->launch(Stream::compute, *bn, a);
+  kern::KernelArgs r = a;
+  r.n_in = 3;
+  r.n_out = 1;
+  r.out[0].data = b->arena_base() + at[Y2];
+  r.workspace_bytes = replay->workspace(r);
+  ASSERT_LE(r.workspace_bytes, at[WS + 1] - at[WS]);
+  r.workspace = b->arena_base() + at[WS];
+  b->launch(Stream::compute, *replay, r);
+  b->stream_sync(Stream::compute);
+  b->copy_async(Stream::d2h, host + at[Y], b->arena_base() + at[Y], at[WS] - at[Y]);
+  b->copy_async(Stream::d2h, host + at[RMEAN], b->arena_base() + at[RMEAN], at[Y] - at[RMEAN]);
+  b->stream_sync(Stream::d2h);
+  EXPECT_EQ(std::memcmp(hf(Y), hf(Y2), static_cast<size_t>(n) * 4), 0)
+      << "the replay's bits differ from the forward pass's";
+  // Moved once: (1 - 0.1)·0.1 + 0.1·mean, not twice.
+  for (int64_t c = 0; c < C; ++c)
+    EXPECT_FLOAT_EQ(hf(RMEAN)[c], 0.9f * 0.1f + 0.1f * hf(MEAN)[c]) << "channel " << c;
+  b->sync_all();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/models/build.h"
+#include "runtime/plan/planner.h"
 #include "runtime/session/session.h"
 
 using namespace pooch;
@@ -195,6 +196,80 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, OutOfCore, ::testing::Values(0, 1, 2, 3, 4, 5));
+
+// A ReLU's output is recomputable, but its input, a batch normalisation's
+// output, is read by nothing in the backward pass: kept on the device until
+// the recompute, it would free nothing. The recompute remakes it instead,
+// with batchnorm_replay (batch normalisation may not run twice: it moves
+// the running averages), so recomputing the ReLUs frees their bytes, and
+// training through such a plan gives the in-core bits.
+TEST(OutOfCore, RecomputedReluOutputsRemakeTheirBatchNormalisation) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  Session in_core(build_model(resnet_spec(18)), cfg);
+  const auto expect = train(in_core, 3);
+  const Graph& g = in_core.graph();
+  ProgramRequest keep = in_core.train_request();
+  ProgramRequest relus = keep;
+  relus.residency.assign(g.num_tensors(), Residency::keep);
+  size_t relu_bytes = 0;
+  std::vector<TensorId> bn_outputs;  // what the recomputed ReLUs read
+  for (const SavedActivation& sa : saved_activations(g, keep)) {
+    const Node& made_by =
+        g.nodes()[static_cast<size_t>(keep.nodes[static_cast<size_t>(sa.producer)])];
+    if (made_by.op != "relu") continue;
+    ASSERT_TRUE(sa.recomputable) << g.tensor(sa.tensor).name;
+    relus.residency[static_cast<size_t>(sa.tensor)] = Residency::recompute;
+    relu_bytes += sa.bytes;
+    for (const Node& n : g.nodes())
+      if (n.op == "batchnorm" && n.outputs[0] == made_by.inputs[0])
+        bn_outputs.push_back(n.outputs[0]);
+  }
+  ASSERT_FALSE(bn_outputs.empty());
+  const Schedule kept = plan_schedule(g, keep, in_core.backend(), in_core.layout(), {});
+  const Schedule remade = plan_schedule(g, relus, in_core.backend(), in_core.layout(), {});
+  auto launches_of = [](const Schedule& sc, std::string_view op) {
+    int n = 0;
+    for (const Launch& l : sc.launches) n += l.kernel->op == op;
+    return n;
+  };
+  // Each batch normalisation a recomputed ReLU reads (directly, or through
+  // a residual add) is replayed once, and runs (moving its running
+  // averages) once, in the forward pass.
+  EXPECT_GE(launches_of(remade, "batchnorm_replay"), static_cast<int>(bn_outputs.size()));
+  EXPECT_LE(launches_of(remade, "batchnorm_replay"), launches_of(kept, "batchnorm"));
+  EXPECT_EQ(launches_of(remade, "batchnorm"), launches_of(kept, "batchnorm"));
+  for (TensorId y : bn_outputs)
+    EXPECT_EQ(remade.residency[static_cast<size_t>(y)], Residency::recompute) << g.tensor(y).name;
+  std::printf("resnet18: in core %zu, ReLUs recomputed %zu (their outputs %zu bytes)\n",
+              kept.arena_bytes, remade.arena_bytes, relu_bytes);
+  // Most of the ReLUs' bytes are freed (before the replay: almost none).
+  EXPECT_LE(remade.arena_bytes + relu_bytes / 2, kept.arena_bytes);
+
+  // recompute-all, without paging, at the smallest budget it reaches:
+  // within it, with replays, the in-core bits.
+  SessionConfig oc = cfg;
+  oc.strategy = Strategy::recompute_all;
+  oc.max_paging = 0;
+  oc.plan_only = true;
+  oc.device_memory = 1;
+  size_t needed = 0;
+  try {
+    Session probe(build_model(resnet_spec(18)), oc);
+  } catch (const OutOfBudget& e) {
+    needed = e.needed_bytes();
+  }
+  ASSERT_GT(needed, 0u);
+  EXPECT_LT(needed, in_core.out_of_core().in_core_arena);
+  oc.plan_only = false;
+  oc.device_memory = needed;
+  Session s(build_model(resnet_spec(18)), oc);
+  EXPECT_TRUE(s.out_of_core().active);
+  EXPECT_GT(s.out_of_core().recomputed_bytes, 0u);
+  EXPECT_LE(s.backend().memory_info().arena_bytes, oc.device_memory);
+  EXPECT_EQ(train(s, 3), expect) << "weights or running averages differ from in-core training";
+}
 
 // Gradient clipping makes every update wait for every gradient (the norm
 // is over all of them): a plan that swaps and recomputes still trains the
