@@ -210,9 +210,10 @@ void add_device_flags(CLI::App* app, DeviceFlags& f, const std::string& default_
       ->type_name("SIZE")
       ->group("Device")
       ->check(CLI::Validator([](std::string& v) { return device_memory_error(v); }, ""));
-  app->add_option("--link-latency", f.link_latency, "The emulated link's latency per copy, seconds")
+  app->add_option("--link-latency", f.link_latency,
+                  "The emulated link's latency per copy, seconds (e.g. 0.00001)")
       ->group("Device")
-      ->check(non_negative());
+      ->check(in_range(0, 1, false));
 }
 
 bool apply_device_flags(const DeviceFlags& f, pooch_session_params* p, std::string* error) {

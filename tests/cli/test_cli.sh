@@ -209,7 +209,7 @@ done
 # (most of the rest is gradients, which stay on the device).
 BUDGET=$(( WEIGHTS + (IN_CORE - WEIGHTS) * 9 / 10 ))
 expect ooc-train 0 "$RUN" train --data data --epochs 2 --out ooc.pooch --device-memory "$BUDGET" \
-  --strategy auto --link-bandwidth 1G --json --spec ooc-spec.json "${T[@]}"
+  --strategy auto --link-bandwidth 1G --link-latency 0.00002 --json --spec ooc-spec.json "${T[@]}"
 contains ooc-active ooc-train.out '"out_of_core":true'
 cmp -s incore.pooch ooc.pooch && pass ooc-bit-identical || fail ooc-bit-identical
 # Two thirds of the weights and optimizer state: no update fits on the device
@@ -221,6 +221,9 @@ contains ooc-host-updates-line ooc-host-updates.out '^out of core: [0-9]+ optimi
 contains ooc-host-updates-json ooc-host-updates.out '"host_updates":[1-9]'
 cmp -s incore.pooch host.pooch && pass ooc-host-bit-identical || fail ooc-host-bit-identical
 expect ooc-bad-strategy 1 "$RUN" train --data data --strategy sometimes --out x.pooch "${T[@]}"
+# The link latency is seconds, a fraction of one (it once took integers alone).
+expect ooc-bad-latency 2 "$RUN" train --data data --link-latency -0.5 --out x.pooch "${T[@]}"
+contains ooc-bad-latency-says ooc-bad-latency.err '^pooch-run: --link-latency: -0.5 is out of range: use a number from 0 to 1$'
 
 # --- plan and profile ------------------------------------------------------------
 # The in-core arena of the model's step and its weights and optimizer state
