@@ -69,6 +69,11 @@ struct ProgramRequest {
   // launches before its first backward use (time for the copy in).
   int release_lag = 1;
   int prefetch_lead = 1;
+  // A recompute remakes the never-saved activations it reads (saved_activations'
+  // `through`) just before, instead of keeping them from the forward pass.
+  // Remaking frees their bytes for the gap at their producers' cost; keeping
+  // costs nothing where memory allows (the out-of-core search tries both).
+  bool remake_unsaved = true;
 };
 
 // A tensor of a program that may leave the device for a gap in its uses: an

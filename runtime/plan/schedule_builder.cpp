@@ -307,7 +307,7 @@ void ScheduleBuilder::choose_residency() {
   through_of.assign(n_t, nullptr);
   if (req.residency.empty()) return;
   for (const SavedActivation& sa : pc.through)
-    if (!on_host[static_cast<size_t>(sa.producer)])
+    if (req.remake_unsaved && !on_host[static_cast<size_t>(sa.producer)])
       through_of[static_cast<size_t>(sa.tensor)] = &sa;
   for (const SavedActivation& sa : pc.saved) {
     // A gradient whose update runs on the host goes there once, not back;
