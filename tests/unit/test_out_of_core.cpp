@@ -246,6 +246,13 @@ TEST(OutOfCore, RecomputedReluOutputsRemakeTheirBatchNormalisation) {
               kept.arena_bytes, remade.arena_bytes, relu_bytes);
   // Most of the ReLUs' bytes are freed (before the replay: almost none).
   EXPECT_LE(remade.arena_bytes + relu_bytes / 2, kept.arena_bytes);
+  // With remaking off (auto searches both), the recomputes keep what they
+  // read from the forward pass: no replays, and the bytes stay.
+  ProgramRequest keeping = relus;
+  keeping.remake_unsaved = false;
+  const Schedule kept_inputs = plan_schedule(g, keeping, in_core.backend(), in_core.layout(), {});
+  EXPECT_EQ(launches_of(kept_inputs, "batchnorm_replay"), 0);
+  EXPECT_GT(kept_inputs.arena_bytes, remade.arena_bytes + relu_bytes / 2);
 
   // recompute-all, without paging, at the smallest budget it reaches:
   // within it, with replays, the in-core bits.
