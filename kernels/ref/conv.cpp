@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <utility>
 #include <vector>
 
 #include "../common/conv_geom.h"
@@ -142,11 +141,16 @@ BnDims bn_dims(const TensorView& x) {
   return {x.shape[0], x.shape[1], x.ndim == 4 ? x.shape[2] * x.shape[3] : 1};
 }
 
-// One channel's batch mean and Σ (x − mean)² (0 for no values).
+// One channel's batch statistics: the mean, the biased variance and Σ (x −
+// mean)² (for the running variance's unbiased estimate); all 0 for no values.
+struct ChannelStats {
+  double mean = 0, var = 0, sq_dev = 0;
+};
+
 template <class T>
-std::pair<double, double> channel_stats(const T* x, const BnDims& d, int64_t c) {
+ChannelStats channel_stats(const T* x, const BnDims& d, int64_t c) {
   const int64_t count = d.N * d.S;
-  if (!count) return {0.0, 0.0};
+  if (!count) return {};
   double s = 0;
   for (int64_t n = 0; n < d.N; ++n)
     for (int64_t p = 0; p < d.S; ++p) s += static_cast<double>(x[(n * d.C + c) * d.S + p]);
@@ -157,7 +161,7 @@ std::pair<double, double> channel_stats(const T* x, const BnDims& d, int64_t c) 
       const double v = static_cast<double>(x[(n * d.C + c) * d.S + p]) - mean;
       q += v * v;
     }
-  return {mean, q};
+  return {mean, q / static_cast<double>(count), q};
 }
 
 // y = (x − mean)/√(var + eps)·γ + β over one channel.
@@ -190,12 +194,12 @@ struct BatchNorm {
     for (int64_t c = 0; c < d.C; ++c) {
       double mean, var;
       if (training) {
-        const auto [m, q] = channel_stats(x, d, c);
-        mean = m;
-        var = count ? q / static_cast<double>(count) : 0.0;
+        const ChannelStats st = channel_stats(x, d, c);
+        mean = st.mean;
+        var = st.var;
         // The running variance takes the unbiased estimate (PyTorch's rule);
         // one value has none, and the batch variance (0) stands in.
-        const double unbiased = count > 1 ? q / static_cast<double>(count - 1) : var;
+        const double unbiased = count > 1 ? st.sq_dev / static_cast<double>(count - 1) : var;
         rmean[c] = static_cast<T>((1 - mom) * static_cast<double>(rmean[c]) + mom * mean);
         rvar[c] = static_cast<T>((1 - mom) * static_cast<double>(rvar[c]) + mom * unbiased);
       } else {
@@ -218,11 +222,9 @@ struct BatchNormReplay {
     const T* x = a.in[0].as<T>();
     const T* gamma = a.in[1].as<T>();
     const T* beta = a.in[2].as<T>();
-    const int64_t count = d.N * d.S;
     for (int64_t c = 0; c < d.C; ++c) {
-      const auto [mean, q] = channel_stats(x, d, c);
-      channel_normalise(x, a.out[0].as<T>(), d, c, mean,
-                        count ? q / static_cast<double>(count) : 0.0, static_cast<double>(gamma[c]),
+      const ChannelStats st = channel_stats(x, d, c);
+      channel_normalise(x, a.out[0].as<T>(), d, c, st.mean, st.var, static_cast<double>(gamma[c]),
                         static_cast<double>(beta[c]), a.attrs.get("eps", 1e-5));
     }
   }
