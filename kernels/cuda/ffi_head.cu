@@ -13,7 +13,9 @@
 // Softmax first needs each row's log-sum-exp over all labels: one block per
 // row, its threads striding over the labels with a running (max, sum).
 //
-// ffi_loss_grad's loss output (with_loss) comes from ffi_loss's kernels.
+// ffi_loss_grad's loss output (with_loss) is summed by the gradient kernel
+// from the logits it forms anyway, on ffi_loss's grid and in its order, so
+// the two ops give the same bits and a train step forms its logits once.
 //
 // ffi_topk: one block per row; each thread keeps its own top k (k at most
 // kTopK) of the labels it strides over, then thread 0 merges them.
@@ -114,6 +116,21 @@ __global__ void row_lse(Layer y, double* lse) {
 
 // Per block: the sum of its labels' loss terms (bce, squared hinge), or for
 // softmax the targets' logits (subtracted), into partial[blockIdx.x].
+// A logit's part of the loss sum: its term (bce, squared hinge), or for
+// softmax minus the logit of a target (the lse part is added per row).
+__device__ __forceinline__ double loss_part(float x, bool t, int kind) {
+  if (kind == 2) return t ? -double(x) : 0.0;
+  return double(term(x, t ? 1.0f : 0.0f, kind));
+}
+
+// The loss grid: label l belongs to thread l mod (blocks · kThreads), which
+// adds its labels' parts in label, then row, order; loss_grad runs on the
+// same grid and adds the same parts in the same order.
+int loss_blocks(int64_t labels) {
+  return static_cast<int>(
+      std::min<int64_t>(kPartials, std::max<int64_t>(1, ceil_div(labels, kThreads))));
+}
+
 __global__ void loss_partials(Layer y, const int32_t* lptr, const int32_t* lidx, int kind,
                               double* partial) {
   __shared__ double scratch[33];
@@ -122,11 +139,8 @@ __global__ void loss_partials(Layer y, const int32_t* lptr, const int32_t* lidx,
        l += int64_t{gridDim.x} * blockDim.x)
     for (int64_t r = 0; r < y.batch; ++r) {
       const bool t = is_target(lptr, lidx, r, l);
-      if (kind == 2) {
-        if (t) acc -= logit(y, l, r);
-      } else {
-        acc += term(logit(y, l, r), t ? 1.0f : 0.0f, kind);
-      }
+      if (kind == 2 && !t) continue;
+      acc += loss_part(logit(y, l, r), t, kind);
     }
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
@@ -143,30 +157,37 @@ __global__ void loss_total(const double* partial, int n, const double* lse, cons
   *out = batch > 0 ? float(s / double(batch)) : 0.0f;
 }
 
-// The scaled gradient of the loss with respect to logit (r, l).
-__device__ __forceinline__ float logit_grad(const Layer& y, const int32_t* lptr,
-                                            const int32_t* lidx, int kind, float scale,
-                                            const double* lse, int64_t l, int64_t r) {
-  const float x = logit(y, l, r);
-  const float t = is_target(lptr, lidx, r, l) ? 1.0f : 0.0f;
+// The scaled gradient of the loss with respect to logit x = (r, l), t
+// whether l is one of row r's labels.
+__device__ __forceinline__ float logit_grad(const int32_t* lptr, int kind, float scale,
+                                            const double* lse, float x, bool t, int64_t r) {
+  const float tf = t ? 1.0f : 0.0f;
   float g;
   if (kind == 2)
-    g = float(exp(double(x) - lse[r]) * double(lptr[r + 1] - lptr[r])) - t;
+    g = float(exp(double(x) - lse[r]) * double(lptr[r + 1] - lptr[r])) - tf;
   else
-    g = grad_of(x, t, kind);
+    g = grad_of(x, tf, kind);
   return g * scale;
 }
 
 // One thread per label: dw[l,:], db[l] in registers (one writer); dh by adds
 // when dht is given (the deterministic variant computes dh apart, below).
+// With partial, each block also adds its labels' loss parts, as
+// loss_partials does on the same grid (loss_blocks): the loss without a
+// second pass over the logits.
 __global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int kind, float scale,
-                          const double* lse, float* dht, float* dw, float* db) {
+                          const double* lse, float* dht, float* dw, float* db, double* partial) {
+  __shared__ double scratch[33];
+  double loss = 0;
   for (int64_t l = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; l < y.labels;
        l += int64_t{gridDim.x} * blockDim.x) {
     float gb = 0.0f;
     for (int64_t k = 0; k < y.fan_in; ++k) dw[l * y.fan_in + k] = 0.0f;
     for (int64_t r = 0; r < y.batch; ++r) {
-      const float g = logit_grad(y, lptr, lidx, kind, scale, lse, l, r);
+      const float x = logit(y, l, r);
+      const bool t = is_target(lptr, lidx, r, l);
+      if (partial && (kind != 2 || t)) loss += loss_part(x, t, kind);
+      const float g = logit_grad(lptr, kind, scale, lse, x, t, r);
       if (g == 0.0f) continue;
       gb += g;
       for (int64_t k = 0; k < y.fan_in; ++k) {
@@ -177,6 +198,9 @@ __global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int
     }
     db[l] = gb;
   }
+  if (partial == nullptr) return;  // the same for the whole grid
+  loss = block_sum(loss, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = loss;
 }
 
 // Deterministic dh, as the CPU kernel does it: the labels fall into
@@ -194,7 +218,8 @@ __global__ void dh_slices(Layer y, const int32_t* lptr, const int32_t* lidx, int
     const int64_t l0 = y.labels * s / kSlices, l1 = y.labels * (s + 1) / kSlices;
     float* p = part + s * y.hidden * y.batch;
     for (int64_t l = l0; l < l1; ++l) {
-      const float g = logit_grad(y, lptr, lidx, kind, scale, lse, l, r);
+      const float g =
+          logit_grad(lptr, kind, scale, lse, logit(y, l, r), is_target(lptr, lidx, r, l), r);
       if (g == 0.0f) continue;
       for (int64_t k = 0; k < y.fan_in; ++k)
         p[index_at(y, l * y.fan_in + k) * y.batch + r] += g * y.w[l * y.fan_in + k];
@@ -319,19 +344,14 @@ size_t topk_ws(const KernelArgs& a) {
   return align_up(static_cast<size_t>(a.in[0].shape[0] * a.in[0].shape[1]) * sizeof(float));
 }
 
-// The loss into out, from hT and (softmax) the rows' lse already in s:
-// ffi_loss's value, and ffi_loss_grad's last output by the same kernels.
-// (Here the gradient kernels do not yet form it in their own pass: one more
-// pass over the logits, as ffi_loss took before.)
-void launch_loss(const Layer& y, const Scratch& s, int kind, const int32_t* lptr,
-                 const int32_t* lidx, cudaStream_t st, float* out, bool in_grad) {
-  const int blocks = static_cast<int>(
-      std::min<int64_t>(kPartials, std::max<int64_t>(1, ceil_div(y.labels, kThreads))));
-  loss_partials<<<blocks, kThreads, 0, st>>>(y, lptr, lidx, kind, s.partial);
-  if (!launched(in_grad ? "ffi_loss_grad loss partials" : "ffi_loss partials")) return;
+// The loss into out from the blocks' partial sums in s (and, for softmax,
+// the rows' lse): ffi_loss's value, and ffi_loss_grad's last output.
+bool launch_loss_total(const Layer& y, const Scratch& s, int kind, const int32_t* lptr,
+                       cudaStream_t st, float* out, const char* what) {
   const int64_t lse_rows = kind == 2 && y.labels > 0 ? y.batch : 0;
-  loss_total<<<1, 32, 0, st>>>(s.partial, blocks, s.lse, lptr, lse_rows, y.batch, out);
-  launched(in_grad ? "ffi_loss_grad loss total" : "ffi_loss total");
+  loss_total<<<1, 32, 0, st>>>(s.partial, loss_blocks(y.labels), s.lse, lptr, lse_rows, y.batch,
+                               out);
+  return launched(what);
 }
 
 void ffi_loss(const KernelArgs& a) {
@@ -351,7 +371,9 @@ void ffi_loss(const KernelArgs& a) {
     row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
     if (!launched("ffi_loss row_lse")) return;
   }
-  launch_loss(y, s, kind, lptr, lidx, st, a.out[0].as<float>(), false);
+  loss_partials<<<loss_blocks(y.labels), kThreads, 0, st>>>(y, lptr, lidx, kind, s.partial);
+  if (!launched("ffi_loss partials")) return;
+  launch_loss_total(y, s, kind, lptr, st, a.out[0].as<float>(), "ffi_loss total");
 }
 
 // deterministic: dh from dh_slices + dh_sum instead of atomic adds.
@@ -379,16 +401,18 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
     row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
     if (!launched("ffi_loss_grad row_lse")) return;
   }
-  if (y.labels > 0) {
-    loss_grad<<<grid_for(y.labels, kThreads), kThreads, 0, st>>>(
+  const bool with_loss = a.n_out > 3;
+  if (y.labels > 0 || with_loss) {
+    // With no labels, the loss grid's one block writes its zero partial.
+    loss_grad<<<loss_blocks(y.labels), kThreads, 0, st>>>(
         y, lptr, lidx, kind, scale, s.lse, deterministic ? nullptr : s.dht, a.out[1].as<float>(),
-        a.out[2].as<float>());
+        a.out[2].as<float>(), with_loss ? s.partial : nullptr);
     if (!launched("ffi_loss_grad")) return;
-    if (deterministic && bh > 0) {
-      dh_slices<<<grid_for(kSlices * y.batch, kThreads), kThreads, 0, st>>>(y, lptr, lidx, kind,
-                                                                            scale, s.lse, s.dht);
-      if (!launched("ffi_loss_grad dh_slices")) return;
-    }
+  }
+  if (deterministic && bh > 0 && y.labels > 0) {
+    dh_slices<<<grid_for(kSlices * y.batch, kThreads), kThreads, 0, st>>>(y, lptr, lidx, kind,
+                                                                          scale, s.lse, s.dht);
+    if (!launched("ffi_loss_grad dh_slices")) return;
   }
   if (bh > 0 && deterministic) {
     dh_sum<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(s.dht, y.batch, y.hidden,
@@ -399,8 +423,8 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
         s.dht, y.batch, y.hidden, a.out[0].as<float>());
     if (!launched("ffi_loss_grad transpose back")) return;
   }
-  if (a.n_out > 3)  // with_loss
-    launch_loss(y, s, kind, lptr, lidx, st, a.out[3].as<float>(), true);
+  if (with_loss)
+    launch_loss_total(y, s, kind, lptr, st, a.out[3].as<float>(), "ffi_loss_grad loss total");
 }
 
 void ffi_loss_grad(const KernelArgs& a) {

@@ -68,7 +68,8 @@ void loss_cases(Rng& rng, std::vector<OpCase>& out) {
                        {13, 20, 37, 8, i32},   {17, 9, 23, 32, u16},  {40, 24, 50, 5, i32},
                        {70, 40, 300, 16, u16}, {150, 12, 40, 6, u16}, {5, 70000, 9, 3, i32}};
   for (int kind = 0; kind < 3; ++kind)
-    for (const Dims& d : dims) {
+    for (size_t di = 0; di < std::size(dims); ++di) {
+      const Dims& d = dims[di];
       std::vector<HostTensor> in = layer(rng, d);
       for (HostTensor& t : targets(rng, d.B, d.L)) in.push_back(std::move(t));
       const bool empty = d.B * d.L == 0;
@@ -90,11 +91,17 @@ void loss_cases(Rng& rng, std::vector<OpCase>& out) {
 
       OpCase g;
       g.op = "ffi_loss_grad";
-      g.attrs = Attrs{{"loss", static_cast<double>(kind)}, {"scale", empty ? 1.0 : 0.37}};
+      // Every other shape asks for the loss too (with_loss, as a train step
+      // does): the fourth output, which the kernels sum as they form the
+      // gradient, is checked against the reference's loss.
+      const bool with_loss = di % 2 == 1;
+      g.attrs = Attrs{{"loss", static_cast<double>(kind)},
+                      {"scale", empty ? 1.0 : 0.37},
+                      {"with_loss", with_loss ? 1.0 : 0.0}};
       g.inputs = std::move(in);
       g.rtol = 1e-4;
       g.atol = 1e-5;
-      g.label = c.label + " scale=" + (empty ? "1" : "0.37");
+      g.label = c.label + " scale=" + (empty ? "1" : "0.37") + (with_loss ? " with_loss" : "");
       out.push_back(std::move(g));
     }
 }

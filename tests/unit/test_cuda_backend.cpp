@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -586,6 +587,142 @@ TEST(CudaBackend, BatchnormReplayRemakesTheForwardOutputBitForBit) {
   // Moved once: (1 - 0.1)·0.1 + 0.1·mean, not twice.
   for (int64_t c = 0; c < C; ++c)
     EXPECT_FLOAT_EQ(hf(RMEAN)[c], 0.9f * 0.1f + 0.1f * hf(MEAN)[c]) << "channel " << c;
+  b->sync_all();
+}
+
+// ffi_loss_grad sums the loss from the logits it forms for the gradient, on
+// ffi_loss's grid and in its order: a train step's loss (ffi_loss_grad with
+// with_loss) has the bits of the evaluate program's (ffi_loss), for every
+// loss and both variants, and both are the loss a host sum in double gives.
+TEST(CudaBackend, FfiLossGradGivesFfiLossBitsWithoutASecondPass) {
+  SKIP_WITHOUT_DEVICE();
+  // 3000 labels: twelve blocks of the loss grid, so the order across blocks counts.
+  const int64_t B = 24, H = 50, L = 3000, K = 8;
+  std::vector<int32_t> lptr{0}, lidx;
+  for (int64_t r = 0; r < B; ++r) {
+    for (int64_t j = 0; j <= r % 3; ++j)
+      lidx.push_back(static_cast<int32_t>((r * 131 + j * 977) % L));
+    lptr.push_back(static_cast<int32_t>(lidx.size()));
+  }
+  const int64_t n = static_cast<int64_t>(lidx.size());
+  enum { Hin, INDEX, Wt, BIAS, LPTR, LIDX, LOSS1, DH, DW, DB, LOSS2, WS, COUNT };
+  const size_t bytes[COUNT] = {size_t(B * H) * 4,
+                               size_t(L * K) * 2,
+                               size_t(L * K) * 4,
+                               size_t(L) * 4,
+                               size_t(B + 1) * 4,
+                               size_t(n) * 4,
+                               4,
+                               size_t(B * H) * 4,
+                               size_t(L * K) * 4,
+                               size_t(L) * 4,
+                               4,
+                               16 * kMiB};
+  size_t at[COUNT + 1] = {0};
+  for (int i = 0; i < COUNT; ++i) at[i + 1] = (at[i] + bytes[i] + 255) / 256 * 256;
+  auto b = backend_with(at[COUNT], at[COUNT]);
+  std::byte* host = b->host_pool_base();
+  auto hf = [&](int i) { return reinterpret_cast<float*>(host + at[i]); };
+  auto* index = reinterpret_cast<uint16_t*>(host + at[INDEX]);
+  for (int64_t i = 0; i < B * H; ++i) hf(Hin)[i] = std::sin(0.71f * static_cast<float>(i));
+  for (int64_t i = 0; i < L * K; ++i) {
+    index[i] = static_cast<uint16_t>((i * 37 + i / K) % H);
+    hf(Wt)[i] = 0.3f * std::cos(0.13f * static_cast<float>(i));
+  }
+  for (int64_t l = 0; l < L; ++l) hf(BIAS)[l] = -0.5f + 0.001f * static_cast<float>(l % 97);
+  std::memcpy(host + at[LPTR], lptr.data(), lptr.size() * 4);
+  std::memcpy(host + at[LIDX], lidx.data(), lidx.size() * 4);
+  b->copy_async(Stream::h2d, b->arena_base(), host, at[LOSS1]);
+  b->stream_sync(Stream::h2d);
+
+  // The host's loss, in double, from the same logits.
+  auto host_loss = [&](int kind) {
+    double sum = 0;
+    for (int64_t r = 0; r < B; ++r) {
+      std::vector<double> z(L);
+      for (int64_t l = 0; l < L; ++l) {
+        double x = hf(BIAS)[l];
+        for (int64_t k = 0; k < K; ++k)
+          x += double(hf(Wt)[l * K + k]) * hf(Hin)[r * H + index[l * K + k]];
+        z[l] = x;
+      }
+      auto target = [&](int64_t l) {
+        return std::find(lidx.begin() + lptr[r], lidx.begin() + lptr[r + 1], l) !=
+               lidx.begin() + lptr[r + 1];
+      };
+      if (kind == 2) {
+        double m = z[0], e = 0;
+        for (double x : z) m = std::max(m, x);
+        for (double x : z) e += std::exp(x - m);
+        sum += double(lptr[r + 1] - lptr[r]) * (m + std::log(e));
+        for (int32_t j = lptr[r]; j < lptr[r + 1]; ++j) sum -= z[lidx[j]];
+      } else {
+        for (int64_t l = 0; l < L; ++l) {
+          const double t = target(l) ? 1 : 0, x = z[l];
+          if (kind == 0) {
+            sum += std::max(x, 0.0) - x * t + std::log1p(std::exp(-std::fabs(x)));
+          } else {
+            const double mg = std::max(0.0, 1 - (2 * t - 1) * x);
+            sum += mg * mg;
+          }
+        }
+      }
+    }
+    return sum / double(B);
+  };
+
+  kern::KernelContext ctx;
+  ctx.training = 1;
+  kern::KernelArgs a;
+  a.n_in = 6;
+  const DType in_dt[] = {DType::f32, DType::u16, DType::f32, DType::f32, DType::i32, DType::i32};
+  const std::vector<int64_t> in_shape[] = {{B, H}, {L, K}, {L, K}, {L}, {B + 1}, {n}};
+  for (int i = 0; i < 6; ++i) {
+    a.in[i] = operand(in_dt[i], in_shape[i]);
+    a.in[i].data = b->arena_base() + at[i];
+  }
+  a.ctx = &ctx;
+  a.device = b->kernel_device();
+  a.workspace = b->arena_base() + at[WS];
+  const kern::KernelVariant* loss_op = b->find_kernel("ffi_loss");
+  ASSERT_NE(loss_op, nullptr);
+  for (int kind = 0; kind < 3; ++kind) {
+    for (const char* variant : {"label-thread", "label-slices"}) {
+      SCOPED_TRACE(std::string("loss ") + std::to_string(kind) + ", " + variant);
+      const kern::KernelVariant* grad_op = cuda_kernel("ffi_loss_grad", variant);
+      ASSERT_NE(grad_op, nullptr);
+      kern::KernelArgs f = a;
+      f.attrs.set("loss", kind);
+      f.n_out = 1;
+      f.out[0] = operand(DType::f32, {});
+      f.out[0].data = b->arena_base() + at[LOSS1];
+      f.workspace_bytes = loss_op->workspace(f);
+      ASSERT_LE(f.workspace_bytes, bytes[WS]);
+      b->launch(Stream::compute, *loss_op, f);
+      kern::KernelArgs g = a;
+      g.attrs.set("loss", kind);
+      g.attrs.set("with_loss", 1.0);
+      g.n_out = 4;
+      const int outs[] = {DH, DW, DB, LOSS2};
+      const std::vector<int64_t> out_shape[] = {{B, H}, {L, K}, {L}, {}};
+      for (int i = 0; i < 4; ++i) {
+        g.out[i] = operand(DType::f32, out_shape[i]);
+        g.out[i].data = b->arena_base() + at[outs[i]];
+      }
+      ASSERT_TRUE(grad_op->supports(g));
+      g.workspace_bytes = grad_op->workspace(g);
+      ASSERT_LE(g.workspace_bytes, bytes[WS]);
+      b->launch(Stream::compute, *grad_op, g);
+      b->stream_sync(Stream::compute);
+      float evaluated = 0, trained = 0;
+      b->copy_async(Stream::d2h, &evaluated, b->arena_base() + at[LOSS1], 4);
+      b->copy_async(Stream::d2h, &trained, b->arena_base() + at[LOSS2], 4);
+      b->stream_sync(Stream::d2h);
+      EXPECT_EQ(std::memcmp(&evaluated, &trained, 4), 0) << evaluated << " against " << trained;
+      const double want = host_loss(kind);
+      EXPECT_NEAR(trained, want, 1e-4 * std::fabs(want));
+    }
+  }
   b->sync_all();
 }
 
