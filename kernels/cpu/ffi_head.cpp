@@ -45,7 +45,8 @@
 // instrumented resolver crashes there (seen with ThreadSanitizer).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
-#define POOCH_VEC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define POOCH_VEC_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define POOCH_VEC_CLONES
 #endif
@@ -163,13 +164,20 @@ int64_t first_pair(const Pair* pairs, int64_t n, int64_t b, int64_t l) {
   return std::lower_bound(pairs, pairs + n, key) - pairs;
 }
 
-// A block's row of hT or dhT as vectors of 8 floats (GCC's vector extension:
-// AVX in the x86-64-v3 clone, two SSE halves in the default one), its width a
-// template argument so that a tile lives in registers. Plain loops over a
-// runtime width ran 1.4 times slower: the compiler kept the tile in memory
-// (it cannot prove that z does not alias the inputs) and versioned the loops.
+// A block's row of hT or dhT as vectors of 16 floats (GCC's vector extension:
+// one AVX-512 register in the x86-64-v4 clone, two AVX halves in the
+// x86-64-v3 one, four SSE quarters in the default one; the v4 and v3 clones
+// fuse each multiply-add, the default one, without FMA, rounds the product
+// first, so its bits differ), its width a template argument so that a tile
+// lives in registers. Plain loops over a runtime width ran 1.4 times slower:
+// the compiler kept the tile in memory (it cannot prove that z does not alias
+// the inputs) and versioned the loops. The AVX-512 clone made a step at
+// B=128, H=4096, L=670 091 15% faster than the AVX one (docs/BENCHMARKS.md,
+// "AVX-512"). Vec8 is the 8-float vector that lane sums and the loss terms
+// are added in.
+typedef float Row16 __attribute__((vector_size(64), aligned(4)));
 typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
-#define POOCH_SPLAT(x) (Vec8{} + (x))
+#define POOCH_SPLAT(x) (Row16{} + (x))
 
 // The rows sit at random places (the index is random): fetching the row of a
 // later k while this one is summed hides part of the cache-miss latency.
@@ -195,9 +203,9 @@ inline void prefetch_row(const float* row, bool write) {
 template <int64_t W, class I>
 POOCH_VEC_CLONES void logits_tile(const float* ht, const I* il, const float* wl, int64_t fan_in,
                                   float bias, float* z) {
-  constexpr int64_t kVecs = W / 8;
+  constexpr int64_t kVecs = W / 16;
   constexpr int kChains = W >= 64 ? 1 : 64 / W;
-  Vec8 acc[kChains][kVecs] = {};
+  Row16 acc[kChains][kVecs] = {};
   for (int64_t v = 0; v < kVecs; ++v) acc[0][v] = POOCH_SPLAT(bias);
   for (int64_t k = 0; k < kAhead && k < fan_in; ++k)
     prefetch_row<W>(ht + int64_t{il[k]} * W, false);
@@ -205,8 +213,8 @@ POOCH_VEC_CLONES void logits_tile(const float* ht, const I* il, const float* wl,
   // in registers); the k past the last whole step go to chains 0, 1, ...
   auto add = [&](int c, int64_t k) {
     if (k + kAhead < fan_in) prefetch_row<W>(ht + int64_t{il[k + kAhead]} * W, false);
-    const Vec8* row = reinterpret_cast<const Vec8*>(ht + int64_t{il[k]} * W);
-    const Vec8 wk = POOCH_SPLAT(wl[k]);
+    const Row16* row = reinterpret_cast<const Row16*>(ht + int64_t{il[k]} * W);
+    const Row16 wk = POOCH_SPLAT(wl[k]);
     for (int64_t v = 0; v < kVecs; ++v) acc[c][v] += wk * row[v];
   };
   int64_t k = 0;
@@ -216,13 +224,19 @@ POOCH_VEC_CLONES void logits_tile(const float* ht, const I* il, const float* wl,
   for (int c = 1; c < kChains; c *= 2)  // pairwise: chains 0+1, 2+3, then (0+1)+(2+3)
     for (int d = 0; d + c < kChains; d += 2 * c)
       for (int64_t v = 0; v < kVecs; ++v) acc[d][v] += acc[d + c][v];
-  for (int64_t v = 0; v < kVecs; ++v) reinterpret_cast<Vec8*>(z)[v] = acc[0][v];
+  for (int64_t v = 0; v < kVecs; ++v) reinterpret_cast<Row16*>(z)[v] = acc[0][v];
 }
 
 // The sum of a vector's lanes, in a fixed order (halves, then pairs).
 inline float lane_sum(Vec8 s) {
   const float q0 = s[0] + s[4], q1 = s[1] + s[5], q2 = s[2] + s[6], q3 = s[3] + s[7];
   return (q0 + q2) + (q1 + q3);
+}
+inline float lane_sum(Row16 s) {
+  Vec8 lo, hi;
+  __builtin_memcpy(&lo, &s, sizeof lo);
+  __builtin_memcpy(&hi, reinterpret_cast<const char*>(&s) + sizeof lo, sizeof hi);
+  return lane_sum(lo + hi);
 }
 
 // With one block's gradient g[0..W) (zero on padding rows): db[l] and
@@ -232,10 +246,10 @@ template <int64_t W, class I>
 POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* wl, int64_t fan_in,
                                     const float* g, bool first, float* dwl, float* dbl,
                                     float* dht) {
-  constexpr int64_t kVecs = W / 8;
-  Vec8 gv[kVecs];
+  constexpr int64_t kVecs = W / 16;
+  Row16 gv[kVecs];
   float sb = 0;
-  for (int64_t v = 0; v < kVecs; ++v) gv[v] = reinterpret_cast<const Vec8*>(g)[v];
+  for (int64_t v = 0; v < kVecs; ++v) gv[v] = reinterpret_cast<const Row16*>(g)[v];
   for (int64_t r = 0; r < W; ++r) sb += g[r];
   *dbl = first ? sb : *dbl + sb;
   for (int64_t k = 0; k < kAhead && k < fan_in; ++k) {
@@ -248,10 +262,10 @@ POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* w
       prefetch_row<W>(dht + int64_t{il[k + kAhead]} * W, true);
     }
     const int64_t u = il[k];
-    const Vec8* row = reinterpret_cast<const Vec8*>(ht + u * W);
-    Vec8* drow = reinterpret_cast<Vec8*>(dht + u * W);
-    const Vec8 wk = POOCH_SPLAT(wl[k]);
-    Vec8 s{};
+    const Row16* row = reinterpret_cast<const Row16*>(ht + u * W);
+    Row16* drow = reinterpret_cast<Row16*>(dht + u * W);
+    const Row16 wk = POOCH_SPLAT(wl[k]);
+    Row16 s{};
     for (int64_t v = 0; v < kVecs; ++v) {
       s += gv[v] * row[v];
       drow[v] += wk * gv[v];
@@ -262,7 +276,7 @@ POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* w
 }
 
 // Calls f(std::integral_constant<int64_t, W>{}) with W the call's row-block
-// width: the tiles take it as a template argument (see Vec8 above).
+// width: the tiles take it as a template argument (see Row16 above).
 template <class F>
 void at_width(int64_t bw, F&& f) {
   switch (bw) {
