@@ -9,23 +9,13 @@
 #include "runtime/models/build.h"
 #include "runtime/models/gpt.h"
 #include "runtime/session/session.h"
+#include "tiny_gpt.h"
 
 namespace pooch {
 namespace {
 
-ModelSpec tiny(int64_t batch, int64_t seq, double dropout = 0.0) {
-  GptSpec g;
-  g.n_layer = 2;
-  g.n_head = 2;
-  g.n_embd = 16;
-  g.n_ctx = 12;
-  g.vocab_size = 23;
-  g.dropout = dropout;
-  return gpt_spec(g, batch, seq, 3);
-}
-
 TEST(Gpt, WeightsFollowHuggingFaceNames) {
-  auto m = build_model(tiny(2, 8));
+  auto m = build_model(tiny_gpt_spec(2, 8));
   EXPECT_EQ(m->family, "gpt");
   std::map<std::string, Shape> w;
   for (const TensorDesc& d : m->graph.tensors())
@@ -86,7 +76,7 @@ TEST(Gpt, TinyModelTrainsThroughTheSession) {
     cfg.optimizer.lr = 1e-2;
     cfg.optimizer.weight_decay = 0.1;
     cfg.optimizer.decay_vectors = false;
-    Session s(std::shared_ptr<Model>(build_gpt_model(tiny(B, T, dropout))), cfg);
+    Session s(std::shared_ptr<Model>(build_gpt_model(tiny_gpt_spec(B, T, dropout))), cfg);
     // Biases and norms get no decay; matrices do.
     for (const Node& n : s.graph().nodes()) {
       if (n.op != "adam_update" && n.op != "adam_update_rows") continue;
