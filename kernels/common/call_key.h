@@ -26,7 +26,7 @@ struct CallKey {
 };
 
 inline void describe_operand(CallKey& k, const TensorView& t) {
-  k.add("|%d:", static_cast<int>(t.dtype));
+  k.add("|%d/%d:", static_cast<int>(t.dtype), static_cast<int>(t.layout));
   for (int i = 0; i < t.ndim; ++i) k.add("%lld,", static_cast<long long>(t.shape[i]));
 }
 

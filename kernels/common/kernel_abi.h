@@ -16,12 +16,24 @@ inline constexpr int kMaxDims = 4;
 inline constexpr int kMaxOperands = 8;
 inline constexpr int kMaxAttrs = 12;
 
-// A dense, row-major tensor in some backend's memory.
+// How a tensor's elements lie in memory. `plain`: row-major, as its shape
+// reads. `nchw16c`: a 4-D f32 [N, C, H, W] whose channels are in blocks of
+// 16, the block innermost (oneDNN's nChw16c: element (n, c, h, w) at
+// ((n·C/16 + c/16)·H·W + h·W + w)·16 + c mod 16), used only where C is a
+// multiple of 16, so its bytes are as many as plain's. The planner chooses
+// it for an activation only where every kernel that reads or writes it takes
+// it (KernelVariant::blocked), so that convolutions need not reorder their
+// operands at every call (docs/OPS.md, "Layouts of activations").
+enum class Layout : uint8_t { plain = 0, nchw16c = 1 };
+
+// A dense tensor in some backend's memory, row-major unless `layout` says
+// otherwise.
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::f32;
   int ndim = 0;
   int64_t shape[kMaxDims] = {0, 0, 0, 0};
+  Layout layout = Layout::plain;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -127,6 +139,19 @@ struct KernelVariant {
   WorkspaceFn workspace;          // may be null: no scratch needed
   bool deterministic;             // bitwise reproducible run to run
   SupportsFn supports = nullptr;  // null: every argument set the op accepts
+  // The operands the kernel also takes in Layout::nchw16c (bit i: input i;
+  // bit kOutBit + j: output j); 0: plain only. With same_layout, the listed
+  // operands must all be in one layout (element-wise kernels, which compute
+  // element by element in any order of the elements).
+  uint32_t blocked = 0;
+  bool same_layout = false;
 };
+inline constexpr int kOutBit = 16;
+constexpr uint32_t in_bit(int i) {
+  return uint32_t{1} << i;
+}
+constexpr uint32_t out_bit(int j) {
+  return uint32_t{1} << (kOutBit + j);
+}
 
 }  // namespace pooch::kern

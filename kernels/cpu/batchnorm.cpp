@@ -90,7 +90,188 @@ struct ChannelStats {
   }
 }
 
+// ---- nChw16c (Layout::nchw16c) --------------------------------------------------
+//
+// Block b holds channels 16b .. 16b + 15: for image n, S positions of 16
+// lanes at (n·C/16 + b)·S·16, lane j channel 16b + j. A thread takes whole
+// blocks and sums each lane over (n, p) in that order, in double (vectors of
+// the 16 lanes), so the bits do not depend on the thread count. They are
+// not the plain loops' (the same terms in another order), and the
+// normalisation is the plain loop's, lane by lane.
+constexpr int64_t kLanes = 16;
+
+struct BlockStats {
+  double mean[kLanes] = {}, var[kLanes] = {}, sq_dev[kLanes] = {};
+};
+
+// One block's batch statistics, as batch_stats computes one channel's.
+// Not inlined, like batch_stats: batchnorm and batchnorm_replay share it.
+[[gnu::noinline]] BlockStats block_stats(const float* xb, const BnDims& d) {
+  BlockStats st;
+  const int64_t count = d.N * d.S;
+  if (!count) return st;
+  double s[kLanes] = {}, q[kLanes] = {};
+  for (int64_t n = 0; n < d.N; ++n) {
+    const float* v = xb + n * d.C * d.S;
+    for (int64_t p = 0; p < d.S; ++p)
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) s[j] += static_cast<double>(v[p * kLanes + j]);
+  }
+  for (int64_t j = 0; j < kLanes; ++j) st.mean[j] = s[j] / static_cast<double>(count);
+  for (int64_t n = 0; n < d.N; ++n) {
+    const float* v = xb + n * d.C * d.S;
+    for (int64_t p = 0; p < d.S; ++p)
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const double t = static_cast<double>(v[p * kLanes + j]) - st.mean[j];
+        q[j] += t * t;
+      }
+  }
+  for (int64_t j = 0; j < kLanes; ++j) {
+    st.sq_dev[j] = q[j];
+    st.var[j] = q[j] / static_cast<double>(count);
+  }
+  return st;
+}
+
+// channel_normalise for the 16 channels of one block (gamma and beta from
+// the block's first channel).
+[[gnu::noinline]] void block_normalise(const float* xb, float* yb, const BnDims& d,
+                                       const double* mean, const double* var, const float* gamma,
+                                       const float* beta, double eps) {
+  float fmean[kLanes], fscale[kLanes], shift[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) {
+    const double scale = gamma[j] / std::sqrt(var[j] + eps);
+    fmean[j] = static_cast<float>(mean[j]);
+    fscale[j] = static_cast<float>(scale);
+    shift[j] = static_cast<float>(beta[j] - (mean[j] - fmean[j]) * scale);
+  }
+  for (int64_t n = 0; n < d.N; ++n) {
+    const float* v = xb + n * d.C * d.S;
+    float* w = yb + n * d.C * d.S;
+    for (int64_t p = 0; p < d.S; ++p)
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j)
+        w[p * kLanes + j] = (v[p * kLanes + j] - fmean[j]) * fscale[j] + shift[j];
+  }
+}
+
+void batchnorm_blocked(const KernelArgs& a) {
+  const BnDims d = bn_dims(a.in[0]);
+  const float* x = a.in[0].as<float>();
+  const float* gamma = a.in[1].as<float>();
+  const float* beta = a.in[2].as<float>();
+  float* rmean = a.in[3].as<float>();
+  float* rvar = a.in[4].as<float>();
+  float* y = a.out[0].as<float>();
+  float* mean_out = a.out[1].as<float>();
+  float* var_out = a.out[2].as<float>();
+  const double eps = a.attrs.get("eps", 1e-5), mom = a.attrs.get("momentum", 0.1);
+  const bool training = !a.ctx || a.ctx->training;
+  const int64_t count = d.N * d.S;
+#pragma omp parallel for num_threads(threads_of(a)) if (count * d.C > 32768) schedule(static)
+  for (int64_t b = 0; b < d.C / kLanes; ++b) {
+    const int64_t c0 = b * kLanes;
+    const float* xb = x + c0 * d.S;
+    BlockStats st;
+    if (training) {
+      st = block_stats(xb, d);
+      for (int64_t j = 0; j < kLanes; ++j) {  // as batchnorm, channel by channel
+        const double unbiased =
+            count > 1 ? st.sq_dev[j] / static_cast<double>(count - 1) : st.var[j];
+        rmean[c0 + j] = static_cast<float>((1 - mom) * rmean[c0 + j] + mom * st.mean[j]);
+        rvar[c0 + j] = static_cast<float>((1 - mom) * rvar[c0 + j] + mom * unbiased);
+      }
+    } else {
+      for (int64_t j = 0; j < kLanes; ++j) {
+        st.mean[j] = rmean[c0 + j];
+        st.var[j] = rvar[c0 + j];
+      }
+    }
+    for (int64_t j = 0; j < kLanes; ++j) {
+      mean_out[c0 + j] = static_cast<float>(st.mean[j]);
+      var_out[c0 + j] = static_cast<float>(st.var[j]);
+    }
+    block_normalise(xb, y + c0 * d.S, d, st.mean, st.var, gamma + c0, beta + c0, eps);
+  }
+}
+
+void batchnorm_replay_blocked(const KernelArgs& a) {
+  const BnDims d = bn_dims(a.in[0]);
+  const float* x = a.in[0].as<float>();
+  const float* gamma = a.in[1].as<float>();
+  const float* beta = a.in[2].as<float>();
+  float* y = a.out[0].as<float>();
+  const double eps = a.attrs.get("eps", 1e-5);
+#pragma omp parallel for num_threads(threads_of(a)) if (d.N * d.S * d.C > 32768) schedule(static)
+  for (int64_t b = 0; b < d.C / kLanes; ++b) {
+    const int64_t c0 = b * kLanes;
+    const BlockStats st = block_stats(x + c0 * d.S, d);
+    block_normalise(x + c0 * d.S, y + c0 * d.S, d, st.mean, st.var, gamma + c0, beta + c0, eps);
+  }
+}
+
+// batchnorm_grad's formulas, lane by lane.
+void batchnorm_grad_blocked(const KernelArgs& a) {
+  const BnDims d = bn_dims(a.in[1]);
+  const float* dy = a.in[0].as<float>();
+  const float* x = a.in[1].as<float>();
+  const float* gamma = a.in[2].as<float>();
+  const float* mean = a.in[3].as<float>();
+  const float* var = a.in[4].as<float>();
+  float* dx = a.out[0].as<float>();
+  float* dgamma = a.out[1].as<float>();
+  float* dbeta = a.out[2].as<float>();
+  const double eps = a.attrs.get("eps", 1e-5);
+  const int64_t count = d.N * d.S;
+  const double m = static_cast<double>(count);
+#pragma omp parallel for num_threads(threads_of(a)) if (count * d.C > 32768) schedule(static)
+  for (int64_t b = 0; b < d.C / kLanes; ++b) {
+    const int64_t c0 = b * kLanes;
+    double mu[kLanes], rstd[kLanes], sdy[kLanes] = {}, sdyx[kLanes] = {};
+    for (int64_t j = 0; j < kLanes; ++j) {
+      mu[j] = mean[c0 + j];
+      rstd[j] = 1.0 / std::sqrt(var[c0 + j] + eps);
+    }
+    for (int64_t n = 0; n < d.N; ++n) {
+      const float* g = dy + (n * d.C + c0) * d.S;
+      const float* v = x + (n * d.C + c0) * d.S;
+      for (int64_t p = 0; p < d.S; ++p)
+#pragma omp simd
+        for (int64_t j = 0; j < kLanes; ++j) {
+          const double gj = g[p * kLanes + j];
+          sdy[j] += gj;
+          sdyx[j] += gj * (static_cast<double>(v[p * kLanes + j]) - mu[j]);
+        }
+    }
+    float k[kLanes], kx[kLanes], k0[kLanes], fmu[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) {
+      sdyx[j] *= rstd[j];
+      dbeta[c0 + j] = static_cast<float>(sdy[j]);
+      dgamma[c0 + j] = static_cast<float>(sdyx[j]);
+      const double gm = gamma[c0 + j];
+      k[j] = static_cast<float>(gm * rstd[j]);
+      kx[j] = count ? static_cast<float>(-gm * rstd[j] * rstd[j] * sdyx[j] / m) : 0.0f;
+      k0[j] = count ? static_cast<float>(-gm * rstd[j] * sdy[j] / m) : 0.0f;
+      fmu[j] = mean[c0 + j];
+    }
+    for (int64_t n = 0; n < d.N; ++n) {
+      const float* g = dy + (n * d.C + c0) * d.S;
+      const float* v = x + (n * d.C + c0) * d.S;
+      float* w = dx + (n * d.C + c0) * d.S;
+      for (int64_t p = 0; p < d.S; ++p)
+#pragma omp simd
+        for (int64_t j = 0; j < kLanes; ++j)
+          w[p * kLanes + j] =
+              g[p * kLanes + j] * k[j] + (v[p * kLanes + j] - fmu[j]) * kx[j] + k0[j];
+    }
+  }
+}
+
+// ---- the kernels ------------------------------------------------------------------
+
 void batchnorm(const KernelArgs& a) {
+  if (a.in[0].layout == Layout::nchw16c) return batchnorm_blocked(a);
   const BnDims d = bn_dims(a.in[0]);
   const float* x = a.in[0].as<float>();
   const float* gamma = a.in[1].as<float>();
@@ -130,6 +311,7 @@ void batchnorm(const KernelArgs& a) {
 // batchnorm's training output again: the same statistics and normalisation
 // code, nothing else written (a recompute, docs/OPS.md).
 void batchnorm_replay(const KernelArgs& a) {
+  if (a.in[0].layout == Layout::nchw16c) return batchnorm_replay_blocked(a);
   const BnDims d = bn_dims(a.in[0]);
   const float* x = a.in[0].as<float>();
   const float* gamma = a.in[1].as<float>();
@@ -145,6 +327,7 @@ void batchnorm_replay(const KernelArgs& a) {
 
 // dβ = Σ dy, dγ = Σ dy·x̂, dx = γ·rstd·(dy − dβ/m − x̂·dγ/m), x̂ = (x − mean)·rstd.
 void batchnorm_grad(const KernelArgs& a) {
+  if (a.in[1].layout == Layout::nchw16c) return batchnorm_grad_blocked(a);
   const BnDims d = bn_dims(a.in[1]);
   const float* dy = a.in[0].as<float>();
   const float* x = a.in[1].as<float>();
@@ -195,9 +378,13 @@ void batchnorm_grad(const KernelArgs& a) {
 
 std::vector<KernelVariant> cpu_batchnorm_kernels() {
   return {
-      KernelVariant{"batchnorm", "omp", batchnorm, nullptr, true, f32_operands},
-      KernelVariant{"batchnorm_replay", "omp", batchnorm_replay, nullptr, true, f32_operands},
-      KernelVariant{"batchnorm_grad", "omp", batchnorm_grad, nullptr, true, f32_operands},
+      // x with y, or dy and x with dx: all plain or all nChw16c.
+      KernelVariant{"batchnorm", "omp", batchnorm, nullptr, true, f32_operands,
+                    in_bit(0) | out_bit(0), true},
+      KernelVariant{"batchnorm_replay", "omp", batchnorm_replay, nullptr, true, f32_operands,
+                    in_bit(0) | out_bit(0), true},
+      KernelVariant{"batchnorm_grad", "omp", batchnorm_grad, nullptr, true, f32_operands,
+                    in_bit(0) | in_bit(1) | out_bit(0), true},
   };
 }
 

@@ -47,10 +47,12 @@ void zero_outputs(const KernelArgs& a) {
 
 // oneDNN's descriptors of one convolution: x[N,C,H,W], w[O,C/g,KH,KW] (as
 // g × O/g × C/g × KH × KW when grouped), y[N,O,OH,OW]. `x`, `w` and `y` are
-// the operands' plain layouts; the primitives are made with `any` in their
+// the operands' own layouts (the weights plain; x and y plain or nChw16c, as
+// the planner laid them out); the primitives are made with `any` in their
 // place, so oneDNN picks its blocked layouts (nChw16c and the like, where
 // its direct convolutions run several times faster than im2col + GEMM on
-// plain NCHW) and the operands are reordered through the workspace.
+// plain NCHW) and an operand in another layout is reordered through the
+// workspace.
 struct ConvMds {
   dnnl::memory::desc x, w, b, y;
   dnnl::memory::desc x_any, w_any, y_any;
@@ -61,8 +63,8 @@ ConvMds conv_mds(const KernelAttrs& at, const TensorView& x, const TensorView& w
                  const TensorView& y) {
   const Window win = window_of(at);
   ConvMds m;
-  m.x = plain_md(dims_of(x));
-  m.y = plain_md(dims_of(y));
+  m.x = md_of(dims_of(x), x.layout);
+  m.y = md_of(dims_of(y), y.layout);
   if (win.groups > 1)
     m.w = dnnl::memory::desc(
         {win.groups, w.shape[0] / win.groups, w.shape[1], w.shape[2], w.shape[3]},
@@ -156,16 +158,30 @@ constexpr char kConvGW[] = "conv2d_grad_weight";
 
 // ---- pooling ------------------------------------------------------------------------
 
+// The image side (x, or dx) of a pooling in its layout; the window side (y,
+// or dy) in the same layout: a window side that is not 4-D is [N, C] or
+// [N, C, 1, 1] (global pooling), whose nChw16c bytes are its plain ones.
+struct PoolMds {
+  dnnl::memory::desc img, win;
+  dims pad_r;
+};
+
+PoolMds pool_mds(const TensorView& img, const TensorView& win, const Window& w) {
+  const dims wdims = {win.shape[0], win.shape[1], win.ndim == 4 ? win.shape[2] : 1,
+                      win.ndim == 4 ? win.shape[3] : 1};
+  return {md_of(dims_of(img), img.layout),
+          md_of(wdims, img.layout),
+          {(wdims[2] - 1) * w.sh + w.kh - img.shape[2] - w.ph,
+           (wdims[3] - 1) * w.sw + w.kw - img.shape[3] - w.pw}};
+}
+
 // x[N,C,H,W] -> y[N,C,OH,OW] with the op's window (or the whole image).
 dnnl::pooling_forward::primitive_desc pool_fwd_pd(algorithm alg, const TensorView& x,
                                                   const TensorView& y, const Window& w,
                                                   prop_kind pk) {
-  const dims ydims = {y.shape[0], y.shape[1], y.ndim == 4 ? y.shape[2] : 1,
-                      y.ndim == 4 ? y.shape[3] : 1};
-  const dims pad_r = {(ydims[2] - 1) * w.sh + w.kh - x.shape[2] - w.ph,
-                      (ydims[3] - 1) * w.sw + w.kw - x.shape[3] - w.pw};
-  const dnnl::pooling_forward::desc d(pk, alg, plain_md(dims_of(x)), plain_md(ydims), {w.sh, w.sw},
-                                      {w.kh, w.kw}, {w.ph, w.pw}, pad_r);
+  const PoolMds m = pool_mds(x, y, w);
+  const dnnl::pooling_forward::desc d(pk, alg, m.img, m.win, {w.sh, w.sw}, {w.kh, w.kw},
+                                      {w.ph, w.pw}, m.pad_r);
   return {d, user_scratchpad(), cpu_engine()};
 }
 
@@ -191,12 +207,9 @@ void build_avgpool_bwd(const KernelArgs& a, const Window& w, algorithm alg, Prep
   const TensorView& dy = a.in[0];
   const TensorView& dx = a.out[0];
   const auto hint = pool_fwd_pd(alg, dx, dy, w, prop_kind::forward_training);
-  const dims ydims = {dy.shape[0], dy.shape[1], dy.ndim == 4 ? dy.shape[2] : 1,
-                      dy.ndim == 4 ? dy.shape[3] : 1};
-  const dims pad_r = {(ydims[2] - 1) * w.sh + w.kh - dx.shape[2] - w.ph,
-                      (ydims[3] - 1) * w.sw + w.kw - dx.shape[3] - w.pw};
-  const dnnl::pooling_backward::desc d(alg, plain_md(dims_of(dx)), plain_md(ydims), {w.sh, w.sw},
-                                       {w.kh, w.kw}, {w.ph, w.pw}, pad_r);
+  const PoolMds m = pool_mds(dx, dy, w);
+  const dnnl::pooling_backward::desc d(alg, m.img, m.win, {w.sh, w.sw}, {w.kh, w.kw}, {w.ph, w.pw},
+                                       m.pad_r);
   const dnnl::pooling_backward::primitive_desc pd(d, user_scratchpad(), cpu_engine(), hint);
   add_prim(s, dnnl::pooling_backward(pd), pd,
            {{DNNL_ARG_DIFF_DST, kIn + 0}, {DNNL_ARG_DIFF_SRC, kOut + 0}});
@@ -232,65 +245,84 @@ constexpr char kGapGrad[] = "global_avgpool_grad";
 
 // dx: dy of each window added at its first maximum (the one oneDNN's and
 // PyTorch's forward pick). One thread per image plane, so the additions
-// within a plane keep their order.
+// within a plane keep their order. In nChw16c (all three operands; the
+// planner keeps them together) a plane's values are every 16th float of its
+// block of 16 channels, and a thread takes whole blocks.
 void maxpool_grad(const KernelArgs& a) {
   const Window w = window_of(a.attrs);
   const float* dy = a.in[0].as<float>();
   const float* x = a.in[1].as<float>();
   float* dx = a.out[0].as<float>();
-  const int64_t NC = a.in[1].shape[0] * a.in[1].shape[1], H = a.in[1].shape[2],
+  const int64_t N = a.in[1].shape[0], C = a.in[1].shape[1], H = a.in[1].shape[2],
                 W = a.in[1].shape[3], OH = a.in[0].shape[2], OW = a.in[0].shape[3];
+  const bool blocked = a.in[1].layout == Layout::nchw16c;
+  const int64_t lanes = blocked ? 16 : 1;  // planes a block interleaves
   const int nt = threads_of(a);
-#pragma omp parallel for num_threads(nt) if (NC * H * W > 32768) schedule(static)
-  for (int64_t i = 0; i < NC; ++i) {
-    const float* img = x + i * H * W;
-    float* d = dx + i * H * W;
-    std::fill(d, d + H * W, 0.f);
-    for (int64_t oy = 0; oy < OH; ++oy)
-      for (int64_t ox = 0; ox < OW; ++ox) {
-        int64_t best = -1;
-        float bv = 0;
-        for (int64_t ky = 0; ky < w.kh; ++ky) {
-          const int64_t iy = oy * w.sh - w.ph + ky;
-          if (iy < 0 || iy >= H) continue;
-          for (int64_t kx = 0; kx < w.kw; ++kx) {
-            const int64_t ix = ox * w.sw - w.pw + kx;
-            if (ix < 0 || ix >= W) continue;
-            const float v = img[iy * W + ix];
-            if (best < 0 || v > bv || (std::isnan(v) && !std::isnan(bv))) {
-              best = iy * W + ix;
-              bv = v;
+#pragma omp parallel for num_threads(nt) if (N * C * H * W > 32768) schedule(static)
+  for (int64_t blk = 0; blk < N * C / lanes; ++blk) {
+    const float* img0 = x + blk * H * W * lanes;
+    float* d0 = dx + blk * H * W * lanes;
+    const float* g0 = dy + blk * OH * OW * lanes;
+    std::fill(d0, d0 + H * W * lanes, 0.f);
+    for (int64_t lane = 0; lane < lanes; ++lane) {
+      // Element p of this plane is at [p * lanes + lane] of its block.
+      const float* img = img0 + lane;
+      float* d = d0 + lane;
+      const float* g = g0 + lane;
+      for (int64_t oy = 0; oy < OH; ++oy)
+        for (int64_t ox = 0; ox < OW; ++ox) {
+          int64_t best = -1;
+          float bv = 0;
+          for (int64_t ky = 0; ky < w.kh; ++ky) {
+            const int64_t iy = oy * w.sh - w.ph + ky;
+            if (iy < 0 || iy >= H) continue;
+            for (int64_t kx = 0; kx < w.kw; ++kx) {
+              const int64_t ix = ox * w.sw - w.pw + kx;
+              if (ix < 0 || ix >= W) continue;
+              const float v = img[(iy * W + ix) * lanes];
+              if (best < 0 || v > bv || (std::isnan(v) && !std::isnan(bv))) {
+                best = iy * W + ix;
+                bv = v;
+              }
             }
           }
+          if (best >= 0) d[best * lanes] += g[(oy * OW + ox) * lanes];
         }
-        if (best >= 0) d[best] += dy[(i * OH + oy) * OW + ox];
-      }
+    }
   }
 }
 
-KernelVariant dnnl_kernel(const char* op, KernelFn fn, WorkspaceFn ws) {
-  return KernelVariant{op, "onednn", fn, ws, true, f32_operands};
+// `blocked`, `same`: the operands that may be nChw16c (KernelVariant).
+KernelVariant dnnl_kernel(const char* op, KernelFn fn, WorkspaceFn ws, uint32_t blocked = 0,
+                          bool same = false) {
+  return KernelVariant{op, "onednn", fn, ws, true, f32_operands, blocked, same};
 }
 
 }  // namespace
 
 std::vector<KernelVariant> cpu_conv_kernels() {
   return {
-      dnnl_kernel("conv2d", run_prim<kConv, build_conv>, prim_workspace<kConv, build_conv>),
+      // x, y, dy and dx in either layout (reordered where the primitive
+      // chose another); the weights and their gradient plain.
+      dnnl_kernel("conv2d", run_prim<kConv, build_conv>, prim_workspace<kConv, build_conv>,
+                  in_bit(0) | out_bit(0)),
       dnnl_kernel("conv2d_grad_input", run_prim<kConvGI, build_conv_grad_input>,
-                  prim_workspace<kConvGI, build_conv_grad_input>),
+                  prim_workspace<kConvGI, build_conv_grad_input>, in_bit(0) | out_bit(0)),
       dnnl_kernel("conv2d_grad_weight", run_prim<kConvGW, build_conv_grad_weight>,
-                  prim_workspace<kConvGW, build_conv_grad_weight>),
+                  prim_workspace<kConvGW, build_conv_grad_weight>, in_bit(0) | in_bit(1)),
       dnnl_kernel("maxpool2d", run_prim<kMaxPool, build_maxpool>,
-                  prim_workspace<kMaxPool, build_maxpool>),
-      KernelVariant{"maxpool2d_grad", "omp", maxpool_grad, nullptr, true, f32_operands},
+                  prim_workspace<kMaxPool, build_maxpool>, in_bit(0) | out_bit(0), true),
+      KernelVariant{"maxpool2d_grad", "omp", maxpool_grad, nullptr, true, f32_operands,
+                    in_bit(0) | in_bit(1) | out_bit(0), true},
       dnnl_kernel("avgpool2d", run_prim<kAvgPool, build_avgpool>,
                   prim_workspace<kAvgPool, build_avgpool>),
       dnnl_kernel("avgpool2d_grad", run_prim<kAvgPoolGrad, build_avgpool_grad>,
                   prim_workspace<kAvgPoolGrad, build_avgpool_grad>),
-      dnnl_kernel("global_avgpool", run_prim<kGap, build_gap>, prim_workspace<kGap, build_gap>),
+      // The window side, [N, C] (or 1 × 1), has the same bytes in both.
+      dnnl_kernel("global_avgpool", run_prim<kGap, build_gap>, prim_workspace<kGap, build_gap>,
+                  in_bit(0)),
       dnnl_kernel("global_avgpool_grad", run_prim<kGapGrad, build_gap_grad>,
-                  prim_workspace<kGapGrad, build_gap_grad>),
+                  prim_workspace<kGapGrad, build_gap_grad>, out_bit(0)),
   };
 }
 

@@ -479,6 +479,15 @@ KernelVariant blas(const char* op, KernelFn fn, SupportsFn supports) {
 KernelVariant omp(const char* op, KernelFn fn, SupportsFn supports = f32_operands) {
   return KernelVariant{op, "omp", fn, nullptr, true, supports};
 }
+// An element-wise kernel over same-shaped operands: any layout, so long as
+// all of them share it.
+KernelVariant elementwise(const char* op, KernelFn fn, int n_in) {
+  KernelVariant k = omp(op, fn);
+  for (int i = 0; i < n_in; ++i) k.blocked |= in_bit(i);
+  k.blocked |= out_bit(0);
+  k.same_layout = true;
+  return k;
+}
 
 }  // namespace
 
@@ -487,8 +496,8 @@ std::vector<KernelVariant> cpu_dense_kernels() {
       blas("linear", linear, supports_linear),
       blas("linear_grad_input", linear_grad_input, supports_linear_grad),
       blas("linear_grad_weight", linear_grad_weight, supports_linear_grad),
-      omp("relu", relu),
-      omp("relu_grad", relu_grad),
+      elementwise("relu", relu, 1),
+      elementwise("relu_grad", relu_grad, 2),
       omp("scale", scale),
       omp("gelu", gelu),
       omp("gelu_grad", gelu_grad),
@@ -496,7 +505,7 @@ std::vector<KernelVariant> cpu_dense_kernels() {
       omp("dropout_grad", dropout),
       omp("layernorm", layernorm),
       omp("layernorm_grad", layernorm_grad),
-      omp("add", add),
+      elementwise("add", add, 2),
       // Any dtype: elements are moved, never computed with.
       omp("reshape", reshape, nullptr),
       omp("transpose", transpose, nullptr),

@@ -186,6 +186,13 @@ dnnl::memory::desc plain_md(const dnnl::memory::dims& dims) {
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, tag);
 }
 
+dnnl::memory::desc md_of(const dnnl::memory::dims& dims, Layout layout) {
+  if (layout == Layout::nchw16c && dims.size() == 4)
+    return dnnl::memory::desc(dims, dnnl::memory::data_type::f32,
+                              dnnl::memory::format_tag::nChw16c);
+  return plain_md(dims);
+}
+
 dnnl::memory::desc any_md(const dnnl::memory::dims& dims) {
   return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
 }

@@ -89,6 +89,9 @@ void execute(Prepared& p, const KernelArgs& a);
 // A plain (row-major) f32 memory descriptor of these dimensions.
 dnnl::memory::desc plain_md(const dnnl::memory::dims& dims);
 
+// The f32 descriptor of an operand in its layout: plain, or nChw16c.
+dnnl::memory::desc md_of(const dnnl::memory::dims& dims, Layout layout);
+
 // An f32 descriptor of these dimensions whose layout the primitive chooses.
 dnnl::memory::desc any_md(const dnnl::memory::dims& dims);
 

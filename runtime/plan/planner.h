@@ -95,6 +95,9 @@ std::vector<SavedActivation> saved_activations(const Graph& g, const ProgramRequ
 
 struct PlanOptions {
   bool deterministic = true;  // only bitwise-reproducible kernels; none for an op is an error
+  // Activations in a blocked layout where the kernels around them take it
+  // (layouts.h); false: every tensor plain.
+  bool blocked_layouts = true;
 };
 
 // What plan_schedule may reuse between calls on the same graph, program
@@ -128,6 +131,8 @@ struct PlanCache {
   std::vector<Node> replay;
   std::vector<const OpDef*> replay_def;
   std::vector<Launch> replay_launch;  // per graph node, as `launch`
+  // Per tensor: the layout it lies in (layouts.h; a view's is its root's).
+  std::vector<kern::Layout> layouts;
 };
 
 // The first kernel variant of the backend for this op that supports `args`

@@ -17,6 +17,7 @@
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
 #include "../core/op_registry.h"
+#include "layouts.h"
 #include "planner.h"
 #include "program_facts.h"
 
@@ -212,7 +213,11 @@ class ScheduleBuilder {
     return e;
   }
 
+  // A launch's arguments for node nd, its operands in the program's layouts
+  // (no data, workspace or kernel yet).
+  kern::KernelArgs args_of(const Node& nd, int ni) const;
   void learn_facts();
+  void choose_layouts_of_program(const Aliases& al);
   void place_host_nodes();
   void choose_residency();
   void lay_out_slots();
@@ -236,9 +241,9 @@ void ScheduleBuilder::learn_facts() {
   if (pc.facts) return;
   Aliases a = find_aliases(g, req);
   pc.saved = saved_activations(g, req, a, &pc.through);
-  pc.root = std::move(a.root);
-  pc.is_view = std::move(a.is_view);
-  pc.has_alias = std::move(a.has_alias);
+  pc.root = a.root;
+  pc.is_view = a.is_view;
+  pc.has_alias = a.has_alias;
   pc.def.resize(static_cast<size_t>(n_pos));
   pc.replay.resize(static_cast<size_t>(n_pos));
   pc.replay_def.assign(static_cast<size_t>(n_pos), nullptr);
@@ -250,7 +255,63 @@ void ScheduleBuilder::learn_facts() {
     pc.replay[i] = recompute_node(node_at(p), *pc.def[i]);
     pc.replay_def[i] = &op_registry().get(pc.replay[i].op);
   }
+  choose_layouts_of_program(a);
   pc.facts = true;
+}
+
+// The first kernel of the backend for nd's plain arguments, as choose_kernel
+// picks it; null where there is none (the launch itself will say why).
+const kern::KernelVariant* first_kernel(const Backend& b, const Node& nd, const kern::KernelArgs& a,
+                                        bool deterministic) {
+  for (const kern::KernelVariant& k : b.kernels())
+    if (nd.op == k.op && (!k.supports || k.supports(a)) && (!deterministic || k.deterministic))
+      return &k;
+  return nullptr;
+}
+
+// Which activations stay in a blocked layout (layouts.h), from the kernels
+// of every position and replay, asked with plain operands.
+void ScheduleBuilder::choose_layouts_of_program(const Aliases& al) {
+  pc.layouts.assign(n_t, kern::Layout::plain);
+  LayoutLaunches ll;
+  ll.kernel.assign(static_cast<size_t>(n_pos), nullptr);
+  ll.replay.assign(static_cast<size_t>(n_pos), nullptr);
+  ll.replay_kernel.assign(static_cast<size_t>(n_pos), nullptr);
+  for (int p = 0; p < n_pos; ++p) {
+    if (is_view(p)) continue;
+    const auto i = static_cast<size_t>(p);
+    const int ni = req.nodes[i];
+    ll.kernel[i] = first_kernel(backend, node_at(p), args_of(node_at(p), ni), opt.deterministic);
+    if (pc.replay_def[i] == nullptr) continue;
+    ll.replay[i] = &pc.replay[i];
+    ll.replay_kernel[i] =
+        first_kernel(backend, pc.replay[i], args_of(pc.replay[i], ni), opt.deterministic);
+  }
+  pc.layouts = choose_layouts(g, req, al, ll, opt.blocked_layouts);
+}
+
+kern::KernelArgs ScheduleBuilder::args_of(const Node& nd, int ni) const {
+  kern::KernelArgs a;
+  if (nd.inputs.size() > kern::kMaxOperands || nd.outputs.size() > kern::kMaxOperands)
+    throw Error(POOCH_ERR_INVALID_ARG, fmt::format("op '{}' (node {}) has more than {} operands",
+                                                   nd.op, ni, kern::kMaxOperands));
+  a.n_in = static_cast<int>(nd.inputs.size());
+  a.n_out = static_cast<int>(nd.outputs.size());
+  auto view = [&](TensorId t) {
+    kern::TensorView v = view_of(g.tensor(t));
+    if (!pc.layouts.empty()) v.layout = pc.layouts[static_cast<size_t>(t)];
+    return v;
+  };
+  for (int j = 0; j < a.n_in; ++j) a.in[j] = view(nd.inputs[static_cast<size_t>(j)]);
+  for (int j = 0; j < a.n_out; ++j) a.out[j] = view(nd.outputs[static_cast<size_t>(j)]);
+  for (const auto& [name, value] : nd.attrs.items())
+    if (!a.attrs.set(name.c_str(), value))
+      throw Error(POOCH_ERR_INVALID_ARG,
+                  fmt::format("op '{}' (node {}): too many attributes or attribute name '{}' "
+                              "longer than 23 characters",
+                              nd.op, ni, name));
+  a.device = backend.kernel_device();
+  return a;
 }
 
 // Nodes that run on the host: optimizer updates whose weight's update is
@@ -626,6 +687,8 @@ void ScheduleBuilder::allow_in_place() {
     if (ix.request < 0 || iy.request < 0) continue;
     if (s.residency[static_cast<size_t>(x)] == Residency::swap && &ix == &A[static_cast<size_t>(x)])
       continue;
+    // Element by element in place only where both lie the same way.
+    if (pc.layouts[static_cast<size_t>(x)] != pc.layouts[static_cast<size_t>(y)]) continue;
     BufferRequest& rqx = reqs[static_cast<size_t>(ix.request)];
     BufferRequest& rqy = reqs[static_cast<size_t>(iy.request)];
     if (rqx.last != sl || rqy.first != sl || rqx.bytes < rqy.bytes) continue;
@@ -658,21 +721,8 @@ void ScheduleBuilder::make_launches() {
     Launch l;
     l.node = ni;
     kern::KernelArgs& a = l.args;
-    if (nd.inputs.size() > kern::kMaxOperands || nd.outputs.size() > kern::kMaxOperands)
-      throw Error(POOCH_ERR_INVALID_ARG, fmt::format("op '{}' (node {}) has more than {} operands",
-                                                     nd.op, ni, kern::kMaxOperands));
-    a.n_in = static_cast<int>(nd.inputs.size());
-    a.n_out = static_cast<int>(nd.outputs.size());
-    for (int j = 0; j < a.n_in; ++j) a.in[j] = view_of(g.tensor(nd.inputs[static_cast<size_t>(j)]));
-    for (int j = 0; j < a.n_out; ++j)
-      a.out[j] = view_of(g.tensor(nd.outputs[static_cast<size_t>(j)]));
-    for (const auto& [name, value] : nd.attrs.items())
-      if (!a.attrs.set(name.c_str(), value))
-        throw Error(POOCH_ERR_INVALID_ARG,
-                    fmt::format("op '{}' (node {}): too many attributes or attribute name '{}' "
-                                "longer than 23 characters",
-                                nd.op, ni, name));
-    a.device = host ? nullptr : backend.kernel_device();
+    a = args_of(nd, ni);
+    if (host) a.device = nullptr;
     l.kernel = host ? &choose_host_kernel(backend, nd, a, opt.deterministic)
                     : &choose_kernel(backend, nd, a, opt.deterministic);
     l.on_host = host;

@@ -93,7 +93,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     all.push_back(t.id);
     if (std::find(losses.begin(), losses.end(), t.id) == losses.end()) results.push_back(t.id);
   }
-  const PlanOptions po{cfg.deterministic};
+  const PlanOptions po{cfg.deterministic, cfg.blocked_layouts};
   budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
   if (cfg.machine) {
     // Planned for the described card: its roofline and link, its memory.

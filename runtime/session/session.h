@@ -29,6 +29,11 @@ struct SessionConfig {
   size_t device_memory = 0;  // 0: no cap beyond the device
   int threads = 0;           // 0: all cores
   bool deterministic = true;
+  // Activations in the blocked layout oneDNN's convolutions run in, where
+  // the kernels around them take it (CPU; runtime/plan/layouts.h); false:
+  // plain NCHW everywhere, the same results up to the rounding of batch
+  // normalisation's sums.
+  bool blocked_layouts = true;
   bool train = true;  // append the backward pass and optimizer updates to the model's losses
   OptimizerConfig optimizer;
   // When the in-core train step does not fit device_memory: how the planner
