@@ -245,8 +245,8 @@ constexpr char kGapGrad[] = "global_avgpool_grad";
 
 // dx: dy of each window added at its first maximum (the one oneDNN's and
 // PyTorch's forward pick). One thread per image plane, so the additions
-// within a plane keep their order. In nChw16c (all three operands; the
-// planner keeps them together) a plane's values are every 16th float of its
+// within a plane keep their order. In nChw16c (every operand; the planner
+// keeps them together) a plane's values are every 16th float of its
 // block of 16 channels, and a thread takes whole blocks.
 void maxpool_grad(const KernelArgs& a) {
   const Window w = window_of(a.attrs);
@@ -312,8 +312,9 @@ std::vector<KernelVariant> cpu_conv_kernels() {
                   prim_workspace<kConvGW, build_conv_grad_weight>, in_bit(0) | in_bit(1)),
       dnnl_kernel("maxpool2d", run_prim<kMaxPool, build_maxpool>,
                   prim_workspace<kMaxPool, build_maxpool>, in_bit(0) | out_bit(0), true),
+      // dy, x, y (which the loop does not read) and dx in one layout.
       KernelVariant{"maxpool2d_grad", "omp", maxpool_grad, nullptr, true, f32_operands,
-                    in_bit(0) | in_bit(1) | out_bit(0), true},
+                    in_bit(0) | in_bit(1) | in_bit(2) | out_bit(0), true},
       dnnl_kernel("avgpool2d", run_prim<kAvgPool, build_avgpool>,
                   prim_workspace<kAvgPool, build_avgpool>),
       dnnl_kernel("avgpool2d_grad", run_prim<kAvgPoolGrad, build_avgpool_grad>,

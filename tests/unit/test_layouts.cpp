@@ -134,7 +134,7 @@ TEST(Layouts, EveryBlockedKernelGivesThePlainResult) {
       {"batchnorm_replay", {x, c, c}, {x}, bn, 1e-5},
       {"batchnorm_grad", {x, x, c, c, c}, {x, c, c}, bn, 1e-4},
       {"maxpool2d", {x}, {half}, pool, 0},
-      {"maxpool2d_grad", {half, x}, {x}, pool, 0},
+      {"maxpool2d_grad", {half, x, half}, {x}, pool, 0},
       {"global_avgpool", {x}, {rows}, {}, 1e-6},
       {"global_avgpool_grad", {rows}, {x}, {}, 1e-6},
       {"relu", {x}, {x}, {}, 0},
