@@ -145,16 +145,25 @@ bool runs_as_view(const Graph& g, const Node& n) {
   return def.view(in, n.attrs);
 }
 
+const kern::KernelVariant* find_kernel(std::span<const kern::KernelVariant> kernels,
+                                       const Node& node, const kern::KernelArgs& args,
+                                       bool deterministic) {
+  for (const kern::KernelVariant& k : kernels)
+    if (node.op == k.op && (!k.supports || k.supports(args)) && (!deterministic || k.deterministic))
+      return &k;
+  return nullptr;
+}
+
 const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
                                          const kern::KernelArgs& args, bool deterministic) {
+  if (const kern::KernelVariant* k = find_kernel(b.kernels(), node, args, deterministic)) return *k;
+  // Why there is none.
   bool any = false, supported = false;
   for (const kern::KernelVariant& k : b.kernels()) {
     if (node.op != k.op) continue;
     any = true;
     if (k.supports && !k.supports(args)) continue;
     supported = true;
-    if (deterministic && !k.deterministic) continue;
-    return k;
   }
   if (!any)
     throw Error(POOCH_ERR_UNSUPPORTED,
@@ -171,11 +180,8 @@ const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
 
 const kern::KernelVariant& choose_host_kernel(const Backend& b, const Node& node,
                                               const kern::KernelArgs& args, bool deterministic) {
-  for (const kern::KernelVariant& k : b.host_kernels()) {
-    if (node.op != k.op || (k.supports && !k.supports(args))) continue;
-    if (deterministic && !k.deterministic) continue;
-    return k;
-  }
+  if (const kern::KernelVariant* k = find_kernel(b.host_kernels(), node, args, deterministic))
+    return *k;
   throw Error(POOCH_ERR_UNSUPPORTED,
               fmt::format("the {} backend has no host kernel for op '{}' with the operands {}",
                           b.name(), node.op, operands_str(args)));

@@ -135,6 +135,12 @@ struct PlanCache {
   std::vector<kern::Layout> layouts;
 };
 
+// The first of these kernels for node's op that supports `args` (and is
+// deterministic when asked); null where none does.
+const kern::KernelVariant* find_kernel(std::span<const kern::KernelVariant> kernels,
+                                       const Node& node, const kern::KernelArgs& args,
+                                       bool deterministic);
+
 // The first kernel variant of the backend for this op that supports `args`
 // (and is deterministic when asked). Throws Error(POOCH_ERR_UNSUPPORTED)
 // naming the op, the operand shapes and the backend when there is none.

@@ -259,18 +259,9 @@ void ScheduleBuilder::learn_facts() {
   pc.facts = true;
 }
 
-// The first kernel of the backend for nd's plain arguments, as choose_kernel
-// picks it; null where there is none (the launch itself will say why).
-const kern::KernelVariant* first_kernel(const Backend& b, const Node& nd, const kern::KernelArgs& a,
-                                        bool deterministic) {
-  for (const kern::KernelVariant& k : b.kernels())
-    if (nd.op == k.op && (!k.supports || k.supports(a)) && (!deterministic || k.deterministic))
-      return &k;
-  return nullptr;
-}
-
 // Which activations stay in a blocked layout (layouts.h), from the kernels
-// of every position and replay, asked with plain operands.
+// choose_kernel picks for every position and replay with plain operands
+// (none found: the launch itself says why, later).
 void ScheduleBuilder::choose_layouts_of_program(const Aliases& al) {
   pc.layouts.assign(n_t, kern::Layout::plain);
   LayoutLaunches ll;
@@ -281,11 +272,12 @@ void ScheduleBuilder::choose_layouts_of_program(const Aliases& al) {
     if (is_view(p)) continue;
     const auto i = static_cast<size_t>(p);
     const int ni = req.nodes[i];
-    ll.kernel[i] = first_kernel(backend, node_at(p), args_of(node_at(p), ni), opt.deterministic);
+    ll.kernel[i] =
+        find_kernel(backend.kernels(), node_at(p), args_of(node_at(p), ni), opt.deterministic);
     if (pc.replay_def[i] == nullptr) continue;
     ll.replay[i] = &pc.replay[i];
     ll.replay_kernel[i] =
-        first_kernel(backend, pc.replay[i], args_of(pc.replay[i], ni), opt.deterministic);
+        find_kernel(backend.kernels(), pc.replay[i], args_of(pc.replay[i], ni), opt.deterministic);
   }
   pc.layouts = choose_layouts(g, req, al, ll, opt.blocked_layouts);
 }
