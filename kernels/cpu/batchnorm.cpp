@@ -156,8 +156,16 @@ struct BlockStats {
   }
 }
 
-void batchnorm_blocked(const KernelArgs& a) {
+// ---- the kernels ------------------------------------------------------------------
+//
+// Each loop takes a group of channels at a time: one channel in plain
+// NCHW, a block of 16 in nChw16c (`lanes`); the statistics of a group are
+// arrays of `lanes` values.
+
+void batchnorm(const KernelArgs& a) {
   const BnDims d = bn_dims(a.in[0]);
+  const bool blocked = a.in[0].layout == Layout::nchw16c;
+  const int64_t lanes = blocked ? kLanes : 1;
   const float* x = a.in[0].as<float>();
   const float* gamma = a.in[1].as<float>();
   const float* beta = a.in[2].as<float>();
@@ -170,59 +178,87 @@ void batchnorm_blocked(const KernelArgs& a) {
   const bool training = !a.ctx || a.ctx->training;
   const int64_t count = d.N * d.S;
 #pragma omp parallel for num_threads(threads_of(a)) if (count * d.C > 32768) schedule(static)
-  for (int64_t b = 0; b < d.C / kLanes; ++b) {
-    const int64_t c0 = b * kLanes;
-    const float* xb = x + c0 * d.S;
+  for (int64_t grp = 0; grp < d.C / lanes; ++grp) {
+    const int64_t c0 = grp * lanes;
+    const float* xg = x + c0 * d.S;
     BlockStats st;
     if (training) {
-      st = block_stats(xb, d);
-      for (int64_t j = 0; j < kLanes; ++j) {  // as batchnorm, channel by channel
+      if (blocked) {
+        st = block_stats(xg, d);
+      } else {
+        const ChannelStats cs = batch_stats(xg, d);
+        st.mean[0] = cs.mean;
+        st.var[0] = cs.var;
+        st.sq_dev[0] = cs.sq_dev;
+      }
+      // The running averages move toward the batch's statistics (those of
+      // nothing are 0). The running variance takes the unbiased estimate
+      // (PyTorch's rule); one value has none, and the batch variance stands in.
+      for (int64_t j = 0; j < lanes; ++j) {
         const double unbiased =
             count > 1 ? st.sq_dev[j] / static_cast<double>(count - 1) : st.var[j];
         rmean[c0 + j] = static_cast<float>((1 - mom) * rmean[c0 + j] + mom * st.mean[j]);
         rvar[c0 + j] = static_cast<float>((1 - mom) * rvar[c0 + j] + mom * unbiased);
       }
     } else {
-      for (int64_t j = 0; j < kLanes; ++j) {
+      for (int64_t j = 0; j < lanes; ++j) {
         st.mean[j] = rmean[c0 + j];
         st.var[j] = rvar[c0 + j];
       }
     }
-    for (int64_t j = 0; j < kLanes; ++j) {
+    for (int64_t j = 0; j < lanes; ++j) {
       mean_out[c0 + j] = static_cast<float>(st.mean[j]);
       var_out[c0 + j] = static_cast<float>(st.var[j]);
     }
-    block_normalise(xb, y + c0 * d.S, d, st.mean, st.var, gamma + c0, beta + c0, eps);
+    if (blocked)
+      block_normalise(xg, y + c0 * d.S, d, st.mean, st.var, gamma + c0, beta + c0, eps);
+    else
+      channel_normalise(xg, y + c0 * d.S, d, st.mean[0], st.var[0], gamma[c0], beta[c0], eps);
   }
 }
 
-void batchnorm_replay_blocked(const KernelArgs& a) {
+// batchnorm's training output again: the same statistics and normalisation
+// code, nothing else written (a recompute, docs/OPS.md).
+void batchnorm_replay(const KernelArgs& a) {
   const BnDims d = bn_dims(a.in[0]);
+  const bool blocked = a.in[0].layout == Layout::nchw16c;
+  const int64_t lanes = blocked ? kLanes : 1;
   const float* x = a.in[0].as<float>();
   const float* gamma = a.in[1].as<float>();
   const float* beta = a.in[2].as<float>();
   float* y = a.out[0].as<float>();
   const double eps = a.attrs.get("eps", 1e-5);
 #pragma omp parallel for num_threads(threads_of(a)) if (d.N * d.S * d.C > 32768) schedule(static)
-  for (int64_t b = 0; b < d.C / kLanes; ++b) {
-    const int64_t c0 = b * kLanes;
-    const BlockStats st = block_stats(x + c0 * d.S, d);
-    block_normalise(x + c0 * d.S, y + c0 * d.S, d, st.mean, st.var, gamma + c0, beta + c0, eps);
+  for (int64_t grp = 0; grp < d.C / lanes; ++grp) {
+    const int64_t c0 = grp * lanes;
+    const float* xg = x + c0 * d.S;
+    if (blocked) {
+      const BlockStats st = block_stats(xg, d);
+      block_normalise(xg, y + c0 * d.S, d, st.mean, st.var, gamma + c0, beta + c0, eps);
+    } else {
+      const ChannelStats st = batch_stats(xg, d);
+      channel_normalise(xg, y + c0 * d.S, d, st.mean, st.var, gamma[c0], beta[c0], eps);
+    }
   }
 }
 
+// batchnorm_grad's operands.
+struct BnGrad {
+  BnDims d;
+  const float *dy, *x, *gamma, *mean, *var;
+  float *dx, *dgamma, *dbeta;
+  double eps;
+};
+
+BnGrad bn_grad_of(const KernelArgs& a) {
+  return {bn_dims(a.in[1]),     a.in[0].as<float>(),     a.in[1].as<float>(),  a.in[2].as<float>(),
+          a.in[3].as<float>(),  a.in[4].as<float>(),     a.out[0].as<float>(), a.out[1].as<float>(),
+          a.out[2].as<float>(), a.attrs.get("eps", 1e-5)};
+}
+
 // batchnorm_grad's formulas, lane by lane.
-void batchnorm_grad_blocked(const KernelArgs& a) {
-  const BnDims d = bn_dims(a.in[1]);
-  const float* dy = a.in[0].as<float>();
-  const float* x = a.in[1].as<float>();
-  const float* gamma = a.in[2].as<float>();
-  const float* mean = a.in[3].as<float>();
-  const float* var = a.in[4].as<float>();
-  float* dx = a.out[0].as<float>();
-  float* dgamma = a.out[1].as<float>();
-  float* dbeta = a.out[2].as<float>();
-  const double eps = a.attrs.get("eps", 1e-5);
+void batchnorm_grad_blocked(const KernelArgs& a, const BnGrad& op) {
+  const BnDims& d = op.d;
   const int64_t count = d.N * d.S;
   const double m = static_cast<double>(count);
 #pragma omp parallel for num_threads(threads_of(a)) if (count * d.C > 32768) schedule(static)
@@ -230,12 +266,12 @@ void batchnorm_grad_blocked(const KernelArgs& a) {
     const int64_t c0 = b * kLanes;
     double mu[kLanes], rstd[kLanes], sdy[kLanes] = {}, sdyx[kLanes] = {};
     for (int64_t j = 0; j < kLanes; ++j) {
-      mu[j] = mean[c0 + j];
-      rstd[j] = 1.0 / std::sqrt(var[c0 + j] + eps);
+      mu[j] = op.mean[c0 + j];
+      rstd[j] = 1.0 / std::sqrt(op.var[c0 + j] + op.eps);
     }
     for (int64_t n = 0; n < d.N; ++n) {
-      const float* g = dy + (n * d.C + c0) * d.S;
-      const float* v = x + (n * d.C + c0) * d.S;
+      const float* g = op.dy + (n * d.C + c0) * d.S;
+      const float* v = op.x + (n * d.C + c0) * d.S;
       for (int64_t p = 0; p < d.S; ++p)
 #pragma omp simd
         for (int64_t j = 0; j < kLanes; ++j) {
@@ -247,18 +283,18 @@ void batchnorm_grad_blocked(const KernelArgs& a) {
     float k[kLanes], kx[kLanes], k0[kLanes], fmu[kLanes];
     for (int64_t j = 0; j < kLanes; ++j) {
       sdyx[j] *= rstd[j];
-      dbeta[c0 + j] = static_cast<float>(sdy[j]);
-      dgamma[c0 + j] = static_cast<float>(sdyx[j]);
-      const double gm = gamma[c0 + j];
+      op.dbeta[c0 + j] = static_cast<float>(sdy[j]);
+      op.dgamma[c0 + j] = static_cast<float>(sdyx[j]);
+      const double gm = op.gamma[c0 + j];
       k[j] = static_cast<float>(gm * rstd[j]);
       kx[j] = count ? static_cast<float>(-gm * rstd[j] * rstd[j] * sdyx[j] / m) : 0.0f;
       k0[j] = count ? static_cast<float>(-gm * rstd[j] * sdy[j] / m) : 0.0f;
-      fmu[j] = mean[c0 + j];
+      fmu[j] = op.mean[c0 + j];
     }
     for (int64_t n = 0; n < d.N; ++n) {
-      const float* g = dy + (n * d.C + c0) * d.S;
-      const float* v = x + (n * d.C + c0) * d.S;
-      float* w = dx + (n * d.C + c0) * d.S;
+      const float* g = op.dy + (n * d.C + c0) * d.S;
+      const float* v = op.x + (n * d.C + c0) * d.S;
+      float* w = op.dx + (n * d.C + c0) * d.S;
       for (int64_t p = 0; p < d.S; ++p)
 #pragma omp simd
         for (int64_t j = 0; j < kLanes; ++j)
@@ -268,86 +304,21 @@ void batchnorm_grad_blocked(const KernelArgs& a) {
   }
 }
 
-// ---- the kernels ------------------------------------------------------------------
-
-void batchnorm(const KernelArgs& a) {
-  if (a.in[0].layout == Layout::nchw16c) return batchnorm_blocked(a);
-  const BnDims d = bn_dims(a.in[0]);
-  const float* x = a.in[0].as<float>();
-  const float* gamma = a.in[1].as<float>();
-  const float* beta = a.in[2].as<float>();
-  float* rmean = a.in[3].as<float>();
-  float* rvar = a.in[4].as<float>();
-  float* y = a.out[0].as<float>();
-  float* mean_out = a.out[1].as<float>();
-  float* var_out = a.out[2].as<float>();
-  const double eps = a.attrs.get("eps", 1e-5), mom = a.attrs.get("momentum", 0.1);
-  const bool training = !a.ctx || a.ctx->training;
-  const int64_t count = d.N * d.S;
-#pragma omp parallel for num_threads(threads_of(a)) if (count * d.C > 32768) schedule(static)
-  for (int64_t c = 0; c < d.C; ++c) {
-    const float* xc = x + c * d.S;
-    double mean, var;
-    if (training) {
-      const ChannelStats st = batch_stats(xc, d);
-      mean = st.mean;
-      var = st.var;
-      // The running averages move toward the batch's statistics (those of
-      // nothing are 0). The running variance takes the unbiased estimate
-      // (PyTorch's rule); one value has none, and the batch variance stands in.
-      const double unbiased = count > 1 ? st.sq_dev / static_cast<double>(count - 1) : var;
-      rmean[c] = static_cast<float>((1 - mom) * rmean[c] + mom * mean);
-      rvar[c] = static_cast<float>((1 - mom) * rvar[c] + mom * unbiased);
-    } else {
-      mean = rmean[c];
-      var = rvar[c];
-    }
-    mean_out[c] = static_cast<float>(mean);
-    var_out[c] = static_cast<float>(var);
-    channel_normalise(xc, y + c * d.S, d, mean, var, gamma[c], beta[c], eps);
-  }
-}
-
-// batchnorm's training output again: the same statistics and normalisation
-// code, nothing else written (a recompute, docs/OPS.md).
-void batchnorm_replay(const KernelArgs& a) {
-  if (a.in[0].layout == Layout::nchw16c) return batchnorm_replay_blocked(a);
-  const BnDims d = bn_dims(a.in[0]);
-  const float* x = a.in[0].as<float>();
-  const float* gamma = a.in[1].as<float>();
-  const float* beta = a.in[2].as<float>();
-  float* y = a.out[0].as<float>();
-  const double eps = a.attrs.get("eps", 1e-5);
-#pragma omp parallel for num_threads(threads_of(a)) if (d.N * d.S * d.C > 32768) schedule(static)
-  for (int64_t c = 0; c < d.C; ++c) {
-    const ChannelStats st = batch_stats(x + c * d.S, d);
-    channel_normalise(x + c * d.S, y + c * d.S, d, st.mean, st.var, gamma[c], beta[c], eps);
-  }
-}
-
 // dβ = Σ dy, dγ = Σ dy·x̂, dx = γ·rstd·(dy − dβ/m − x̂·dγ/m), x̂ = (x − mean)·rstd.
 void batchnorm_grad(const KernelArgs& a) {
-  if (a.in[1].layout == Layout::nchw16c) return batchnorm_grad_blocked(a);
-  const BnDims d = bn_dims(a.in[1]);
-  const float* dy = a.in[0].as<float>();
-  const float* x = a.in[1].as<float>();
-  const float* gamma = a.in[2].as<float>();
-  const float* mean = a.in[3].as<float>();
-  const float* var = a.in[4].as<float>();
-  float* dx = a.out[0].as<float>();
-  float* dgamma = a.out[1].as<float>();
-  float* dbeta = a.out[2].as<float>();
-  const double eps = a.attrs.get("eps", 1e-5);
+  const BnGrad op = bn_grad_of(a);
+  if (a.in[1].layout == Layout::nchw16c) return batchnorm_grad_blocked(a, op);
+  const BnDims& d = op.d;
   const int64_t count = d.N * d.S;
   const double m = static_cast<double>(count);
 #pragma omp parallel for num_threads(threads_of(a)) if (count * d.C > 32768) schedule(static)
   for (int64_t c = 0; c < d.C; ++c) {
-    const double mu = mean[c];
-    const double rstd = 1.0 / std::sqrt(var[c] + eps);
+    const double mu = op.mean[c];
+    const double rstd = 1.0 / std::sqrt(op.var[c] + op.eps);
     double sdy = 0, sdyx = 0;
     for (int64_t n = 0; n < d.N; ++n) {
-      const float* g = dy + (n * d.C + c) * d.S;
-      const float* v = x + (n * d.C + c) * d.S;
+      const float* g = op.dy + (n * d.C + c) * d.S;
+      const float* v = op.x + (n * d.C + c) * d.S;
 #pragma omp simd reduction(+ : sdy, sdyx)
       for (int64_t p = 0; p < d.S; ++p) {
         sdy += static_cast<double>(g[p]);
@@ -355,19 +326,19 @@ void batchnorm_grad(const KernelArgs& a) {
       }
     }
     sdyx *= rstd;
-    dbeta[c] = static_cast<float>(sdy);
-    dgamma[c] = static_cast<float>(sdyx);
+    op.dbeta[c] = static_cast<float>(sdy);
+    op.dgamma[c] = static_cast<float>(sdyx);
     if (!count) continue;
     // dx = k·dy + kx·(x − mean) + k0: the terms of the formula above grouped
     // by what they multiply.
-    const float k = static_cast<float>(gamma[c] * rstd);
-    const float kx = static_cast<float>(-gamma[c] * rstd * rstd * sdyx / m);
-    const float k0 = static_cast<float>(-gamma[c] * rstd * sdy / m);
-    const float fmu = mean[c];
+    const float k = static_cast<float>(op.gamma[c] * rstd);
+    const float kx = static_cast<float>(-op.gamma[c] * rstd * rstd * sdyx / m);
+    const float k0 = static_cast<float>(-op.gamma[c] * rstd * sdy / m);
+    const float fmu = op.mean[c];
     for (int64_t n = 0; n < d.N; ++n) {
-      const float* g = dy + (n * d.C + c) * d.S;
-      const float* v = x + (n * d.C + c) * d.S;
-      float* w = dx + (n * d.C + c) * d.S;
+      const float* g = op.dy + (n * d.C + c) * d.S;
+      const float* v = op.x + (n * d.C + c) * d.S;
+      float* w = op.dx + (n * d.C + c) * d.S;
 #pragma omp simd
       for (int64_t p = 0; p < d.S; ++p) w[p] = g[p] * k + (v[p] - fmu) * kx + k0;
     }
