@@ -228,11 +228,11 @@ POOCH_VEC_CLONES void logits_tile(const float* ht, const I* il, const float* wl,
 }
 
 // The sum of a vector's lanes, in a fixed order (halves, then pairs).
-inline float lane_sum(Vec8 s) {
+inline float lane_sum(const Vec8& s) {
   const float q0 = s[0] + s[4], q1 = s[1] + s[5], q2 = s[2] + s[6], q3 = s[3] + s[7];
   return (q0 + q2) + (q1 + q3);
 }
-inline float lane_sum(Row16 s) {
+inline float lane_sum(const Row16& s) {
   Vec8 lo, hi;
   __builtin_memcpy(&lo, &s, sizeof lo);
   __builtin_memcpy(&hi, reinterpret_cast<const char*>(&s) + sizeof lo, sizeof hi);
