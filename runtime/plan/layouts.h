@@ -1,7 +1,7 @@
 // Which activations of a program lie in a blocked layout (kern::Layout).
 //
 // oneDNN's convolutions run in nChw16c; with plain tensors each call
-// reorders its input, its output and its output gradient (a fifth of a
+// reorders its input, its output and its output gradient (a sixth of a
 // ResNet-50 train step on the CPU). Where the kernels on both sides of an
 // activation take the blocked layout, it stays blocked from one layer to
 // the next and no reorder runs (docs/OPS.md, "Layouts of activations").
