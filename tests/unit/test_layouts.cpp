@@ -124,6 +124,20 @@ TEST(Layouts, EveryBlockedKernelGivesThePlainResult) {
       {"kh", 3}, {"kw", 3}, {"pad_h", 1}, {"pad_w", 1}},
       pool{{"kh", 2}, {"kw", 2}, {"stride_h", 2}, {"stride_w", 2}},
       bn{{"eps", 1e-5}, {"momentum", 0.1}};
+  const std::vector<int64_t> x7{2, 32, 7, 7}, wg{48, 16, 3, 3}, c48{48}, y4{2, 48, 4, 4},
+      rgb{2, 3, 6, 6}, w3{32, 3, 3, 3}, p4{2, 32, 4, 4};
+  const std::vector<std::pair<const char*, double>> grouped{
+      {"kh", 3},    {"kw", 3},    {"stride_h", 2}, {"stride_w", 2}, {"pad_h", 2},
+      {"pad_w", 2}, {"dil_h", 2}, {"dil_w", 2},    {"groups", 2}};
+  auto plus = [](std::vector<std::pair<const char*, double>> a,
+                 std::vector<std::pair<const char*, double>> more) {
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const auto grouped_in = plus(grouped, {{"in_h", 7}, {"in_w", 7}});
+  const auto grouped_w = grouped;
+  const std::vector<std::pair<const char*, double>> stem_pool{
+      {"kh", 3}, {"kw", 3}, {"stride_h", 2}, {"stride_w", 2}, {"pad_h", 1}, {"pad_w", 1}};
   const KernelCase cases[] = {
       {"conv2d", {x, w, c}, {x}, conv, 0},
       {"conv2d_grad_input", {x, w}, {x}, conv, 0},
@@ -140,9 +154,19 @@ TEST(Layouts, EveryBlockedKernelGivesThePlainResult) {
       {"relu", {x}, {x}, {}, 0},
       {"relu_grad", {x, x}, {x}, {}, 0},
       {"add", {x, x}, {x}, {}, 0},
+      // Strided, grouped and dilated; an image of 3 channels (plain) into 32
+      // (blocked); the stem's padded 3 x 3 max pooling.
+      {"conv2d", {x7, wg, c48}, {y4}, grouped, 0},
+      {"conv2d_grad_input", {y4, wg}, {x7}, grouped_in, 0},
+      {"conv2d_grad_weight", {y4, x7}, {wg, c48}, grouped_w, 0},
+      {"conv2d", {rgb, w3, c}, {x}, conv, 0},
+      {"conv2d_grad_weight", {x, rgb}, {w3, c}, conv, 0},
+      {"maxpool2d", {x7}, {p4}, stem_pool, 0},
+      {"maxpool2d_grad", {p4, x7, p4}, {x7}, stem_pool, 0},
   };
-  for (const KernelCase& kc : cases) {
-    SCOPED_TRACE(kc.op);
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const KernelCase& kc = cases[ci];
+    SCOPED_TRACE(fmt::format("case {}: {}", ci, kc.op));
     const kern::KernelVariant* k = b->find_kernel(kc.op);
     ASSERT_NE(k, nullptr);
     EXPECT_NE(k->blocked, 0u) << "declares no blocked operand";
