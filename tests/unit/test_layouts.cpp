@@ -24,25 +24,18 @@ namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 
 // x[N, C, H, W] plain -> nchw16c and back (C a multiple of 16).
-std::vector<float> to_blocked(const std::vector<float>& x, const std::vector<int64_t>& s) {
+std::vector<float> relayout(const std::vector<float>& from, const std::vector<int64_t>& s,
+                            bool to_blocked) {
   const int64_t N = s[0], C = s[1], S = s[2] * s[3];
-  std::vector<float> y(x.size());
+  std::vector<float> to(from.size());
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c = 0; c < C; ++c)
-      for (int64_t p = 0; p < S; ++p)
-        y[static_cast<size_t>(((n * (C / 16) + c / 16) * S + p) * 16 + c % 16)] =
-            x[static_cast<size_t>((n * C + c) * S + p)];
-  return y;
-}
-std::vector<float> to_plain(const std::vector<float>& y, const std::vector<int64_t>& s) {
-  const int64_t N = s[0], C = s[1], S = s[2] * s[3];
-  std::vector<float> x(y.size());
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t p = 0; p < S; ++p)
-        x[static_cast<size_t>((n * C + c) * S + p)] =
-            y[static_cast<size_t>(((n * (C / 16) + c / 16) * S + p) * 16 + c % 16)];
-  return x;
+      for (int64_t p = 0; p < S; ++p) {
+        const auto plain = static_cast<size_t>((n * C + c) * S + p);
+        const auto blocked = static_cast<size_t>(((n * (C / 16) + c / 16) * S + p) * 16 + c % 16);
+        to[to_blocked ? blocked : plain] = from[to_blocked ? plain : blocked];
+      }
+  return to;
 }
 
 struct KernelCase {
@@ -82,7 +75,7 @@ std::vector<std::vector<float>> run_case(Backend& b, const KernelCase& c, bool b
     // Positive where a variance is read (batch normalisation's last inputs).
     for (size_t e = 0; e < v.size(); ++e)
       v[e] = 0.5f + std::sin(0.37f * static_cast<float>(e) + 1.3f * static_cast<float>(i));
-    if (block) v = to_blocked(v, shape);
+    if (block) v = relayout(v, shape, true);
     std::memcpy(a.in[i].data, v.data(), v.size() * 4);
   }
   for (int j = 0; j < a.n_out; ++j) {
@@ -107,7 +100,8 @@ std::vector<std::vector<float>> run_case(Backend& b, const KernelCase& c, bool b
   for (int j = 0; j < a.n_out; ++j) {
     std::vector<float> v(static_cast<size_t>(a.out[j].numel()));
     std::memcpy(v.data(), a.out[j].data, v.size() * 4);
-    if (a.out[j].layout == kern::Layout::nchw16c) v = to_plain(v, c.out[static_cast<size_t>(j)]);
+    if (a.out[j].layout == kern::Layout::nchw16c)
+      v = relayout(v, c.out[static_cast<size_t>(j)], false);
     outs.push_back(std::move(v));
   }
   return outs;
