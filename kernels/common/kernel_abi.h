@@ -17,14 +17,21 @@ inline constexpr int kMaxOperands = 8;
 inline constexpr int kMaxAttrs = 12;
 
 // How a tensor's elements lie in memory. `plain`: row-major, as its shape
-// reads. `nchw16c`: a 4-D f32 [N, C, H, W] whose channels are in blocks of
-// 16, the block innermost (oneDNN's nChw16c: element (n, c, h, w) at
-// ((n·C/16 + c/16)·H·W + h·W + w)·16 + c mod 16), used only where C is a
-// multiple of 16, so its bytes are as many as plain's. The planner chooses
-// it for an activation only where every kernel that reads or writes it takes
-// it (KernelVariant::blocked), so that convolutions need not reorder their
-// operands at every call (docs/OPS.md, "Layouts of activations").
-enum class Layout : uint8_t { plain = 0, nchw16c = 1 };
+// reads. The blocked layouts are oneDNN's, used only where the blocked
+// dimensions are multiples of 16, so their bytes are as many as plain's
+// (kernels/common/layout.h has the offsets):
+// - `nchw16c`: a 4-D f32 activation [N, C, H, W] whose channels are in
+//   blocks of 16, the block innermost (oneDNN's nChw16c: element (n, c, h, w)
+//   at ((n·C/16 + c/16)·H·W + h·W + w)·16 + c mod 16);
+// - `oihw16i16o`: a 4-D f32 convolution weight [O, I, KH, KW] (or its
+//   gradient or optimizer state) in 16 × 16 blocks of output and input
+//   channels, the output channel innermost (oneDNN's OIhw16i16o, the layout
+//   its forward convolution and weight gradient run in).
+// The planner chooses a blocked layout for a tensor only where every kernel
+// that reads or writes it takes it (KernelVariant::blocked and
+// blocked_weights), so that convolutions need not reorder their operands at
+// every call (docs/OPS.md, "Blocked layouts").
+enum class Layout : uint8_t { plain = 0, nchw16c = 1, oihw16i16o = 2 };
 
 // A dense tensor in some backend's memory, row-major unless `layout` says
 // otherwise.
@@ -145,6 +152,9 @@ struct KernelVariant {
   // element by element in any order of the elements).
   uint32_t blocked = 0;
   bool same_layout = false;
+  // The operands it also takes in Layout::oihw16i16o, in the same bits (a
+  // same_layout kernel's listed operands again all in one layout).
+  uint32_t blocked_weights = 0;
 };
 inline constexpr int kOutBit = 16;
 constexpr uint32_t in_bit(int i) {

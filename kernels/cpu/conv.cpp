@@ -47,8 +47,8 @@ void zero_outputs(const KernelArgs& a) {
 
 // oneDNN's descriptors of one convolution: x[N,C,H,W], w[O,C/g,KH,KW] (as
 // g × O/g × C/g × KH × KW when grouped), y[N,O,OH,OW]. `x`, `w` and `y` are
-// the operands' own layouts (the weights plain; x and y plain or nChw16c, as
-// the planner laid them out); the primitives are made with `any` in their
+// the operands' own layouts (x and y plain or nChw16c, the weights plain or
+// OIhw16i16o, as the planner laid them out); the primitives are made with `any` in their
 // place, so oneDNN picks its blocked layouts (nChw16c and the like, where
 // its direct convolutions run several times faster than im2col + GEMM on
 // plain NCHW) and an operand in another layout is reordered through the
@@ -65,12 +65,16 @@ ConvMds conv_mds(const KernelAttrs& at, const TensorView& x, const TensorView& w
   ConvMds m;
   m.x = md_of(dims_of(x), x.layout);
   m.y = md_of(dims_of(y), y.layout);
+  // A grouped weight's OIhw16i16o is oneDNN's gOIhw16i16o when each group's
+  // output channels are whole blocks of 16 (conv_supports).
   if (win.groups > 1)
     m.w = dnnl::memory::desc(
         {win.groups, w.shape[0] / win.groups, w.shape[1], w.shape[2], w.shape[3]},
-        dnnl::memory::data_type::f32, dnnl::memory::format_tag::goihw);
+        dnnl::memory::data_type::f32,
+        w.layout == Layout::oihw16i16o ? dnnl::memory::format_tag::gOIhw16i16o
+                                       : dnnl::memory::format_tag::goihw);
   else
-    m.w = plain_md(dims_of(w));
+    m.w = md_of(dims_of(w), w.layout);
   m.b = plain_md({w.shape[0]});
   m.x_any = any_md(m.x.dims());
   m.w_any = any_md(m.w.dims());
@@ -292,24 +296,41 @@ void maxpool_grad(const KernelArgs& a) {
   }
 }
 
-// `blocked`, `same`: the operands that may be nChw16c (KernelVariant).
+// `blocked`, `same`, `weights`: the operands that may be nChw16c, and those
+// that may be OIhw16i16o (KernelVariant).
 KernelVariant dnnl_kernel(const char* op, KernelFn fn, WorkspaceFn ws, uint32_t blocked = 0,
-                          bool same = false) {
-  return KernelVariant{op, "onednn", fn, ws, true, f32_operands, blocked, same};
+                          bool same = false, uint32_t weights = 0,
+                          SupportsFn supports = f32_operands) {
+  return KernelVariant{op, "onednn", fn, ws, true, supports, blocked, same, weights};
+}
+
+// A convolution whose weights (`w`) lie in OIhw16i16o: grouped ones only
+// where each group's output channels are whole blocks of 16, as oneDNN's
+// gOIhw16i16o has them (a depthwise weight has one a group).
+template <bool Out, int W>
+bool conv_supports(const KernelArgs& a) {
+  const TensorView& w = Out ? a.out[W] : a.in[W];
+  const int64_t groups = window_of(a.attrs).groups;
+  return f32_operands(a) &&
+         (w.layout != Layout::oihw16i16o || groups == 1 || (w.shape[0] / groups) % 16 == 0);
 }
 
 }  // namespace
 
 std::vector<KernelVariant> cpu_conv_kernels() {
   return {
-      // x, y, dy and dx in either layout (reordered where the primitive
-      // chose another); the weights and their gradient plain.
+      // x, y, dy and dx in either layout, the weights and their gradient
+      // plain or OIhw16i16o (the forward's and the weight gradient's own;
+      // the data gradient reorders them into OIhw16o16i), each reordered
+      // where the primitive chose another.
       dnnl_kernel("conv2d", run_prim<kConv, build_conv>, prim_workspace<kConv, build_conv>,
-                  in_bit(0) | out_bit(0)),
+                  in_bit(0) | out_bit(0), false, in_bit(1), conv_supports<false, 1>),
       dnnl_kernel("conv2d_grad_input", run_prim<kConvGI, build_conv_grad_input>,
-                  prim_workspace<kConvGI, build_conv_grad_input>, in_bit(0) | out_bit(0)),
+                  prim_workspace<kConvGI, build_conv_grad_input>, in_bit(0) | out_bit(0), false,
+                  in_bit(1), conv_supports<false, 1>),
       dnnl_kernel("conv2d_grad_weight", run_prim<kConvGW, build_conv_grad_weight>,
-                  prim_workspace<kConvGW, build_conv_grad_weight>, in_bit(0) | in_bit(1)),
+                  prim_workspace<kConvGW, build_conv_grad_weight>, in_bit(0) | in_bit(1), false,
+                  out_bit(0), conv_supports<true, 0>),
       dnnl_kernel("maxpool2d", run_prim<kMaxPool, build_maxpool>,
                   prim_workspace<kMaxPool, build_maxpool>, in_bit(0) | out_bit(0), true),
       // dy, x, y (which the loop does not read) and dx in one layout.

@@ -190,6 +190,9 @@ dnnl::memory::desc md_of(const dnnl::memory::dims& dims, Layout layout) {
   if (layout == Layout::nchw16c && dims.size() == 4)
     return dnnl::memory::desc(dims, dnnl::memory::data_type::f32,
                               dnnl::memory::format_tag::nChw16c);
+  if (layout == Layout::oihw16i16o && dims.size() == 4)
+    return dnnl::memory::desc(dims, dnnl::memory::data_type::f32,
+                              dnnl::memory::format_tag::OIhw16i16o);
   return plain_md(dims);
 }
 

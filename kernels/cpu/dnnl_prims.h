@@ -89,7 +89,8 @@ void execute(Prepared& p, const KernelArgs& a);
 // A plain (row-major) f32 memory descriptor of these dimensions.
 dnnl::memory::desc plain_md(const dnnl::memory::dims& dims);
 
-// The f32 descriptor of an operand in its layout: plain, or nChw16c.
+// The f32 descriptor of a 4-D operand in its layout: plain, nChw16c or
+// OIhw16i16o (others: plain).
 dnnl::memory::desc md_of(const dnnl::memory::dims& dims, Layout layout);
 
 // An f32 descriptor of these dimensions whose layout the primitive chooses.

@@ -166,9 +166,15 @@ void grad_sumsq(const KernelArgs& a) {
 
 std::vector<KernelVariant> cpu_optim_kernels() {
   return {
-      {"grad_sumsq", "omp", grad_sumsq, nullptr, true, f32_operands},
-      {"sgd_update", "omp", sgd_dense, nullptr, true, f32_operands},
-      {"adam_update", "omp", adam_dense, nullptr, true, f32_operands},
+      // A convolution's weight, gradient and state may lie in oihw16i16o:
+      // the dense updates go element by element, so any one layout for all
+      // of them gives the same values; ‖g‖² sums the gradient's elements in
+      // double in the order they lie.
+      {"grad_sumsq", "omp", grad_sumsq, nullptr, true, f32_operands, 0, false, in_bit(0)},
+      {"sgd_update", "omp", sgd_dense, nullptr, true, f32_operands, 0, true,
+       in_bit(0) | in_bit(1) | in_bit(2)},
+      {"adam_update", "omp", adam_dense, nullptr, true, f32_operands, 0, true,
+       in_bit(0) | in_bit(1) | in_bit(2) | in_bit(3)},
       {"sgd_update_rows", "omp", sgd_rows, nullptr, true, f32_operands},
       {"adam_update_rows", "omp", adam_rows, nullptr, true, f32_operands},
   };

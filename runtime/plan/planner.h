@@ -31,6 +31,10 @@ struct SessionLayout {
   // host pool, and the update runs there as a host kernel on the d2h stream.
   // Its optimizer state never comes to the device. Empty: none.
   std::vector<char> host_update;
+  // Per tensor: the layout a weight or optimizer state lies in, in the arena
+  // and at home alike (kern::Layout; layouts.h, persistent_layouts), for every
+  // program. Empty: each program chooses (program_layouts asks that way).
+  std::vector<kern::Layout> layouts;
   size_t alignment = 256;
   bool paged(TensorId t) const {
     return !home_offset.empty() && home_offset[static_cast<size_t>(t)] != kUnplaced;
@@ -150,6 +154,12 @@ const kern::KernelVariant& choose_kernel(const Backend& b, const Node& node,
 // The same among the backend's host kernels (an update where its state lives).
 const kern::KernelVariant& choose_host_kernel(const Backend& b, const Node& node,
                                               const kern::KernelArgs& args, bool deterministic);
+
+// The layout plan_schedule lays each of the program's tensors out in
+// (layouts.h): only the program's facts are made, nothing is placed.
+std::vector<kern::Layout> program_layouts(const Graph& g, const ProgramRequest& req,
+                                          const Backend& backend, const SessionLayout& layout,
+                                          const PlanOptions& opt);
 
 // Throws Error(POOCH_ERR_INVALID_ARG) when an output is not produced by the
 // program or staged, and the errors of choose_kernel.

@@ -80,6 +80,12 @@ class ScheduleBuilder {
         n_pos(static_cast<int>(req.nodes.size())),
         pc(cache ? *cache : local) {}
 
+  // The program's facts alone, for its tensors' layouts.
+  std::vector<kern::Layout> layouts() {
+    learn_facts();
+    return pc.layouts;
+  }
+
   Schedule build() {
     learn_facts();
     place_host_nodes();
@@ -259,27 +265,29 @@ void ScheduleBuilder::learn_facts() {
   pc.facts = true;
 }
 
-// Which activations stay in a blocked layout (layouts.h), from the kernels
+// Which tensors lie in a blocked layout (layouts.h), from the kernels
 // choose_kernel picks for every position and replay with plain operands
 // (none found: the launch itself says why, later).
 void ScheduleBuilder::choose_layouts_of_program(const Aliases& al) {
   pc.layouts.assign(n_t, kern::Layout::plain);
   LayoutLaunches ll;
-  ll.kernel.assign(static_cast<size_t>(n_pos), nullptr);
+  ll.kernel.assign(static_cast<size_t>(n_pos), {});
   ll.replay.assign(static_cast<size_t>(n_pos), nullptr);
-  ll.replay_kernel.assign(static_cast<size_t>(n_pos), nullptr);
+  ll.replay_kernel.assign(static_cast<size_t>(n_pos), {});
+  auto takes = [&](const Node& nd, int ni) {
+    const kern::KernelArgs a = args_of(nd, ni);
+    return launch_layouts(find_kernel(backend.kernels(), nd, a, opt.deterministic), a);
+  };
   for (int p = 0; p < n_pos; ++p) {
     if (is_view(p)) continue;
     const auto i = static_cast<size_t>(p);
     const int ni = req.nodes[i];
-    ll.kernel[i] =
-        find_kernel(backend.kernels(), node_at(p), args_of(node_at(p), ni), opt.deterministic);
+    ll.kernel[i] = takes(node_at(p), ni);
     if (pc.replay_def[i] == nullptr) continue;
     ll.replay[i] = &pc.replay[i];
-    ll.replay_kernel[i] =
-        find_kernel(backend.kernels(), pc.replay[i], args_of(pc.replay[i], ni), opt.deterministic);
+    ll.replay_kernel[i] = takes(pc.replay[i], ni);
   }
-  pc.layouts = choose_layouts(g, req, al, ll, opt.blocked_layouts);
+  pc.layouts = choose_layouts(g, req, al, ll, opt.blocked_layouts, layout.layouts);
 }
 
 kern::KernelArgs ScheduleBuilder::args_of(const Node& nd, int ni) const {
@@ -991,6 +999,12 @@ void ScheduleBuilder::emit_steps() {
 }
 
 }  // namespace
+
+std::vector<kern::Layout> program_layouts(const Graph& g, const ProgramRequest& req,
+                                          const Backend& backend, const SessionLayout& layout,
+                                          const PlanOptions& opt) {
+  return ScheduleBuilder(g, req, backend, layout, opt, nullptr).layouts();
+}
 
 Schedule plan_schedule(const Graph& g, const ProgramRequest& req, const Backend& backend,
                        const SessionLayout& layout, const PlanOptions& opt, PlanCache* cache) {

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <optional>
 
+#include "../../kernels/common/layout.h"
 #include "../../kernels/common/util.h"
 #include "../core/autodiff.h"
 #include "../core/error.h"
+#include "../plan/layouts.h"
 
 namespace pooch {
 
@@ -107,13 +109,17 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     profile_ = estimate_profile(graph_, 20e9, 10e9, link);
   }
   const size_t align = backend_->caps().alignment;
-  auto plan = [&](ProgramKind kind, const std::vector<TensorId>& wanted, bool training) {
-    auto p = std::make_unique<CompiledProgram>();
-    p->outputs = wanted;
+  auto request = [&](const std::vector<TensorId>& wanted, bool training) {
     ProgramRequest rq;
     rq.nodes = select_nodes(graph_, wanted, training);
     rq.outputs = wanted;
     rq.training = training;
+    return rq;
+  };
+  auto plan = [&](ProgramKind kind, const std::vector<TensorId>& wanted, bool training) {
+    auto p = std::make_unique<CompiledProgram>();
+    p->outputs = wanted;
+    ProgramRequest rq = request(wanted, training);
     p->schedule = plan_schedule(graph_, rq, *backend_, layout_, po);
     if (kind == ProgramKind::train_step) {
       ooc_.in_core_arena = p->schedule.arena_bytes;
@@ -144,11 +150,28 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     programs_[static_cast<int>(kind)] = std::move(p);
   };
   const bool trains = cfg.train && !losses.empty();
+  // Weights and optimizer states outlive programs, so one layout each serves
+  // them all: a blocked one where every program would choose it.
+  std::vector<kern::Layout> held;
+  {
+    std::vector<ProgramRequest> rqs;
+    if (trains) rqs.push_back(request({train_loss}, true));
+    if (!results.empty()) rqs.push_back(request(results, false));
+    if (!losses.empty()) rqs.push_back(request(all, false));
+    std::vector<const ProgramRequest*> each;
+    std::vector<std::vector<kern::Layout>> chosen;
+    for (const ProgramRequest& rq : rqs) {
+      each.push_back(&rq);
+      chosen.push_back(program_layouts(graph_, rq, *backend_, SessionLayout{}, po));
+    }
+    held = persistent_layouts(graph_, each, chosen);
+  }
   // Every program over one layout of the persistent tensors; `paged`: the
   // weights and optimizer states whose home is the host pool; `host_update`:
   // the paged weights whose updates run there.
   auto plan_all = [&](const std::vector<char>& paged, const std::vector<char>& host_update) {
     layout_ = plan_session_layout(graph_, staged, align, paged);
+    layout_.layouts = held;
     layout_.host_update = host_update;
     if (train_loss != kNoTensor && train_loss != losses[0])
       layout_.host_offset[static_cast<size_t>(train_loss)] =
@@ -344,13 +367,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     const TensorDesc& d = graph_.tensor(static_cast<TensorId>(t));
     if (!persistent(d.role)) continue;
     const auto it = cfg.initialise ? m.init.find(d.name) : m.init.end();
-    const std::vector<std::byte> bytes = it != m.init.end()
-                                             ? initial_value(d, it->second, m.seed, threads)
-                                             : std::vector<std::byte>(d.bytes());
-    if (layout_.paged(static_cast<TensorId>(t)))
-      std::memcpy(exec().host_pool() + layout_.home_offset[t], bytes.data(), bytes.size());
-    else
-      exec().write(layout_.device_offset[t], bytes.data(), bytes.size());
+    if (it == m.init.end()) {
+      store(static_cast<TensorId>(t), std::vector<std::byte>(d.bytes()).data());
+      continue;
+    }
+    // Drawn in the plain order, so a weight's values do not depend on its layout.
+    store(static_cast<TensorId>(t), initial_value(d, it->second, m.seed, threads).data());
   }
 }
 
@@ -500,9 +522,9 @@ void Session::run_profiled_train_step() {
   profile_measured_ = true;
   if (ooc_.active) {
     const auto t0 = std::chrono::steady_clock::now();
-    OocPlan op =
-        plan_out_of_core(graph_, train_request_, *backend_, layout_, {cfg_.deterministic},
-                         cfg_.strategy, exec().arena_bytes(), profile_, exec().host_bytes());
+    OocPlan op = plan_out_of_core(graph_, train_request_, *backend_, layout_,
+                                  {cfg_.deterministic, cfg_.blocked_layouts}, cfg_.strategy,
+                                  exec().arena_bytes(), profile_, exec().host_bytes());
     ooc_.plan_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (op.schedule.host_bytes <= exec().host_bytes()) {
@@ -527,7 +549,8 @@ int Session::compile(const std::vector<TensorId>& wanted, bool training, bool wi
   rq.nodes = select_nodes(graph_, wanted, with_updates);
   rq.outputs = outs;
   rq.training = training;
-  p->schedule = plan_schedule(graph_, rq, *backend_, layout_, {cfg_.deterministic});
+  p->schedule =
+      plan_schedule(graph_, rq, *backend_, layout_, {cfg_.deterministic, cfg_.blocked_layouts});
   p->bound = exec().bind(p->schedule, ctx_.get());
   custom_.push_back(std::move(p));
   return static_cast<int>(custom_.size() - 1);
@@ -562,17 +585,43 @@ void Session::get_output(std::string_view name, void* data, size_t bytes) const 
   if (bytes) std::memcpy(data, staged(t), bytes);
 }
 
+kern::Layout Session::held_layout(TensorId t) const {
+  return layout_.layouts.empty() ? kern::Layout::plain : layout_.layouts[static_cast<size_t>(t)];
+}
+
+void Session::store(TensorId t, const void* plain) {
+  const TensorDesc& d = graph_.tensor(t);
+  std::vector<std::byte> blocked;
+  if (const kern::Layout l = held_layout(t); l != kern::Layout::plain) {
+    blocked.resize(d.bytes());
+    kern::relayout(l, d.shape.data(), static_cast<const float*>(plain),
+                   reinterpret_cast<float*>(blocked.data()), false);
+    plain = blocked.data();
+  }
+  if (layout_.paged(t))
+    std::memcpy(exec().host_pool() + layout_.home_offset[static_cast<size_t>(t)], plain, d.bytes());
+  else
+    exec().write(layout_.device_offset[static_cast<size_t>(t)], plain, d.bytes());
+}
+
 std::vector<std::byte> Session::read_tensor(std::string_view name) const {
   const auto id = graph_.find(name);
   if (!id || !persistent(graph_.tensor(*id).role))
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("no weight or optimizer state named '{}'", name));
-  std::vector<std::byte> out(graph_.tensor(*id).bytes());
+  const TensorDesc& d = graph_.tensor(*id);
+  std::vector<std::byte> out(d.bytes());
   if (layout_.paged(*id))  // its home is the host pool, current after every run
     std::memcpy(out.data(), exec().host_pool() + layout_.home_offset[static_cast<size_t>(*id)],
                 out.size());
   else
     exec().read(layout_.device_offset[static_cast<size_t>(*id)], out.data(), out.size());
+  if (const kern::Layout l = held_layout(*id); l != kern::Layout::plain) {
+    std::vector<std::byte> plain(out.size());
+    kern::relayout(l, d.shape.data(), reinterpret_cast<const float*>(out.data()),
+                   reinterpret_cast<float*>(plain.data()), true);
+    return plain;
+  }
   return out;
 }
 
@@ -585,13 +634,11 @@ void Session::write_tensor(std::string_view name, const void* data, size_t bytes
   if (bytes != d.bytes())
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("tensor '{}' has {} bytes, got {}", name, d.bytes(), bytes));
-  if (layout_.paged(*id))
-    std::memcpy(exec().host_pool() + layout_.home_offset[static_cast<size_t>(*id)], data, bytes);
-  else
-    exec().write(layout_.device_offset[static_cast<size_t>(*id)], data, bytes);
+  store(*id, data);
 }
 
 const std::byte* Session::host_view(TensorId t) const {
+  if (held_layout(t) != kern::Layout::plain) return nullptr;  // its bytes are not the plain ones
   if (layout_.paged(t)) return exec().host_pool() + layout_.home_offset[static_cast<size_t>(t)];
   const size_t off = layout_.device_offset.at(static_cast<size_t>(t));
   return off == kUnplaced ? nullptr : exec().host_view(off);

@@ -144,7 +144,8 @@ class Session {
   // Whole tensors by name (weights, optimizer state), synchronously.
   std::vector<std::byte> read_tensor(std::string_view name) const;
   void write_tensor(std::string_view name, const void* data, size_t bytes);
-  // A weight's bytes in place when the device's memory is host memory, else null.
+  // A weight's bytes in place when the device's memory is host memory and
+  // the weight lies there plain (not in a blocked layout), else null.
   const std::byte* host_view(TensorId t) const;
 
   uint64_t optimizer_step() const { return ctx_->step; }
@@ -181,6 +182,10 @@ class Session {
   void check_cancel();
   // The executor; Error(POOCH_ERR_UNSUPPORTED) for a plan_only session.
   Executor& exec() const;
+  // The layout weight or optimizer state t lies in (SessionLayout::layouts).
+  kern::Layout held_layout(TensorId t) const;
+  // Writes persistent tensor t from its plain bytes, into its layout.
+  void store(TensorId t, const void* plain);
   std::shared_ptr<const Model> model_;
   SessionConfig cfg_;
   Graph graph_;

@@ -1,9 +1,10 @@
-// Activations in oneDNN's blocked layout (kern::Layout::nchw16c,
-// runtime/plan/layouts.h): every CPU kernel that declares it takes it gives
-// the plain layout's results (the same bits, or within rounding where
-// batch normalisation sums in another order), the planner lays out a
-// ResNet's activations blocked and its inputs, weights and outputs plain,
-// and a session trains the same with blocked layouts as without.
+// oneDNN's blocked layouts (kern::Layout::nchw16c for activations,
+// oihw16i16o for convolution weights; runtime/plan/layouts.h): every CPU
+// kernel that declares one gives the plain layout's results (the same bits,
+// or within rounding where batch normalisation sums in another order), the
+// planner lays out a ResNet's activations and convolution weights blocked
+// and its inputs and outputs plain, and a session trains the same with
+// blocked layouts as without and reads and writes its weights plain.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -13,8 +14,10 @@
 #include <vector>
 
 #include "kernels/common/kernel_abi.h"
+#include "kernels/common/layout.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/models/build.h"
+#include "runtime/plan/layouts.h"
 #include "runtime/session/session.h"
 
 using namespace pooch;
@@ -23,21 +26,6 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-// x[N, C, H, W] plain -> nchw16c and back (C a multiple of 16).
-std::vector<float> relayout(const std::vector<float>& from, const std::vector<int64_t>& s,
-                            bool to_blocked) {
-  const int64_t N = s[0], C = s[1], S = s[2] * s[3];
-  std::vector<float> to(from.size());
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t p = 0; p < S; ++p) {
-        const auto plain = static_cast<size_t>((n * C + c) * S + p);
-        const auto blocked = static_cast<size_t>(((n * (C / 16) + c / 16) * S + p) * 16 + c % 16);
-        to[to_blocked ? blocked : plain] = from[to_blocked ? plain : blocked];
-      }
-  return to;
-}
-
 struct KernelCase {
   const char* op;
   std::vector<std::vector<int64_t>> in, out;
@@ -45,12 +33,9 @@ struct KernelCase {
   double rtol;  // 0: bitwise
 };
 
-bool blockable(const std::vector<int64_t>& s) {
-  return s.size() == 4 && s[1] % 16 == 0;
-}
-
-// One call of the case's CPU kernel, its operands blocked (where the kernel
-// takes nchw16c and the operand is 4-D) or all plain; the outputs as plain.
+// One call of the case's CPU kernel, its operands blocked where the kernel
+// takes a blocked layout for them (launch_layouts: nchw16c first, then
+// oihw16i16o) and their shape allows one, or all plain; the outputs as plain.
 std::vector<std::vector<float>> run_case(Backend& b, const KernelCase& c, bool blocked) {
   const kern::KernelVariant* k = b.find_kernel(c.op);
   EXPECT_NE(k, nullptr) << c.op;
@@ -58,35 +43,45 @@ std::vector<std::vector<float>> run_case(Backend& b, const KernelCase& c, bool b
   kern::KernelArgs a;
   a.n_in = static_cast<int>(c.in.size());
   a.n_out = static_cast<int>(c.out.size());
-  std::byte* next = b.arena_base();
-  auto place = [&](kern::TensorView& v, const std::vector<int64_t>& shape, bool block) {
+  for (const auto& [name, value] : c.attrs) a.attrs.set(name, value);
+  auto shape_of = [](kern::TensorView& v, const std::vector<int64_t>& shape) {
     v.dtype = DType::f32;
     v.ndim = static_cast<int>(shape.size());
     for (int i = 0; i < v.ndim; ++i) v.shape[i] = shape[static_cast<size_t>(i)];
-    v.layout = block ? kern::Layout::nchw16c : kern::Layout::plain;
+  };
+  for (int i = 0; i < a.n_in; ++i) shape_of(a.in[i], c.in[static_cast<size_t>(i)]);
+  for (int j = 0; j < a.n_out; ++j) shape_of(a.out[j], c.out[static_cast<size_t>(j)]);
+  const LaunchLayouts takes = launch_layouts(k, a);
+  auto layout_of = [&](const kern::TensorView& v, uint32_t operand_bit) {
+    if (!blocked) return kern::Layout::plain;
+    for (auto [mask, l] : {std::pair{takes.nchw16c, kern::Layout::nchw16c},
+                           std::pair{takes.oihw16i16o, kern::Layout::oihw16i16o}})
+      if ((mask & operand_bit) && kern::fits_layout(l, v.shape, v.ndim)) return l;
+    return kern::Layout::plain;
+  };
+  std::byte* next = b.arena_base();
+  auto place = [&](kern::TensorView& v, uint32_t operand_bit) {
+    v.layout = layout_of(v, operand_bit);
     v.data = next;
     next += (static_cast<size_t>(v.numel()) * 4 + 255) / 256 * 256;
   };
   for (int i = 0; i < a.n_in; ++i) {
-    const auto& shape = c.in[static_cast<size_t>(i)];
-    const bool block = blocked && (k->blocked & kern::in_bit(i)) && blockable(shape);
-    place(a.in[i], shape, block);
+    place(a.in[i], kern::in_bit(i));
     std::vector<float> v(static_cast<size_t>(a.in[i].numel()));
     // Positive where a variance is read (batch normalisation's last inputs).
     for (size_t e = 0; e < v.size(); ++e)
       v[e] = 0.5f + std::sin(0.37f * static_cast<float>(e) + 1.3f * static_cast<float>(i));
-    if (block) v = relayout(v, shape, true);
-    std::memcpy(a.in[i].data, v.data(), v.size() * 4);
+    if (a.in[i].layout != kern::Layout::plain)
+      kern::relayout(a.in[i].layout, a.in[i].shape, v.data(), a.in[i].as<float>(), false);
+    else
+      std::memcpy(a.in[i].data, v.data(), v.size() * 4);
   }
-  for (int j = 0; j < a.n_out; ++j) {
-    const auto& shape = c.out[static_cast<size_t>(j)];
-    place(a.out[j], shape, blocked && (k->blocked & kern::out_bit(j)) && blockable(shape));
-  }
+  for (int j = 0; j < a.n_out; ++j) place(a.out[j], kern::out_bit(j));
   int n_blocked = 0;
-  for (int i = 0; i < a.n_in; ++i) n_blocked += a.in[i].layout == kern::Layout::nchw16c;
-  for (int j = 0; j < a.n_out; ++j) n_blocked += a.out[j].layout == kern::Layout::nchw16c;
+  for (int i = 0; i < a.n_in; ++i) n_blocked += a.in[i].layout != kern::Layout::plain;
+  for (int j = 0; j < a.n_out; ++j) n_blocked += a.out[j].layout != kern::Layout::plain;
   EXPECT_EQ(n_blocked > 0, blocked);
-  for (const auto& [name, value] : c.attrs) a.attrs.set(name, value);
+  EXPECT_TRUE(k->supports == nullptr || k->supports(a));
   kern::KernelContext ctx;
   ctx.training = 1;
   a.ctx = &ctx;
@@ -99,9 +94,10 @@ std::vector<std::vector<float>> run_case(Backend& b, const KernelCase& c, bool b
   std::vector<std::vector<float>> outs;
   for (int j = 0; j < a.n_out; ++j) {
     std::vector<float> v(static_cast<size_t>(a.out[j].numel()));
-    std::memcpy(v.data(), a.out[j].data, v.size() * 4);
-    if (a.out[j].layout == kern::Layout::nchw16c)
-      v = relayout(v, c.out[static_cast<size_t>(j)], false);
+    if (a.out[j].layout != kern::Layout::plain)
+      kern::relayout(a.out[j].layout, a.out[j].shape, a.out[j].as<const float>(), v.data(), true);
+    else
+      std::memcpy(v.data(), a.out[j].data, v.size() * 4);
     outs.push_back(std::move(v));
   }
   return outs;
@@ -129,6 +125,8 @@ TEST(Layouts, EveryBlockedKernelGivesThePlainResult) {
     return a;
   };
   const auto grouped_in = plus(grouped, {{"in_h", 7}, {"in_w", 7}});
+  const std::vector<int64_t> w16{32, 16, 3, 3};
+  const auto two_groups = plus(conv, {{"groups", 2}});
   const auto grouped_w = grouped;
   const std::vector<std::pair<const char*, double>> stem_pool{
       {"kh", 3}, {"kw", 3}, {"stride_h", 2}, {"stride_w", 2}, {"pad_h", 1}, {"pad_w", 1}};
@@ -157,6 +155,10 @@ TEST(Layouts, EveryBlockedKernelGivesThePlainResult) {
       {"conv2d_grad_weight", {x, rgb}, {w3, c}, conv, 0},
       {"maxpool2d", {x7}, {p4}, stem_pool, 0},
       {"maxpool2d_grad", {p4, x7, p4}, {x7}, stem_pool, 0},
+      // Two groups of 16 output channels: the weights in gOIhw16i16o.
+      {"conv2d", {x, w16, c}, {x}, two_groups, 0},
+      {"conv2d_grad_input", {x, w16}, {x}, two_groups, 0},
+      {"conv2d_grad_weight", {x, x}, {w16, c}, two_groups, 0},
   };
   for (size_t ci = 0; ci < std::size(cases); ++ci) {
     const KernelCase& kc = cases[ci];
@@ -180,6 +182,36 @@ TEST(Layouts, EveryBlockedKernelGivesThePlainResult) {
         EXPECT_LE(err, kc.rtol * std::max(norm, 1.0)) << "output " << j;
     }
   }
+}
+
+// A convolution takes its weights in oihw16i16o only where oneDNN has the
+// layout for them: grouped, only with whole blocks of 16 output channels a
+// group (its gOIhw16i16o); `supports` says so and launch_layouts asks it.
+TEST(Layouts, GroupedWeightsAreBlockedOnlyInWholeBlocksOfAGroup) {
+  CpuBackendParams p;
+  auto b = make_cpu_backend(p);
+  const kern::KernelVariant* k = b->find_kernel("conv2d");
+  ASSERT_NE(k, nullptr);
+  auto args = [](int64_t out, int64_t groups) {
+    kern::KernelArgs a;
+    a.n_in = 2;
+    a.n_out = 1;
+    const int64_t in = 32;
+    const int64_t shapes[3][4] = {{2, in, 6, 6}, {out, in / groups, 1, 1}, {2, out, 6, 6}};
+    kern::TensorView* v[3] = {&a.in[0], &a.in[1], &a.out[0]};
+    for (int i = 0; i < 3; ++i) {
+      v[i]->ndim = 4;
+      for (int d = 0; d < 4; ++d) v[i]->shape[d] = shapes[i][d];
+    }
+    a.attrs.set("kh", 1);
+    a.attrs.set("kw", 1);
+    a.attrs.set("groups", static_cast<double>(groups));
+    return a;
+  };
+  EXPECT_EQ(launch_layouts(k, args(64, 1)).oihw16i16o, kern::in_bit(1));
+  EXPECT_EQ(launch_layouts(k, args(64, 2)).oihw16i16o, kern::in_bit(1));  // 32 a group
+  EXPECT_EQ(launch_layouts(k, args(48, 2)).oihw16i16o, 0u);               // 24 a group
+  EXPECT_EQ(launch_layouts(k, args(64, 1)).nchw16c, kern::in_bit(0) | kern::out_bit(0));
 }
 
 ModelSpec resnet16() {
@@ -206,7 +238,7 @@ void fill(Session& s, int step) {
   }
 }
 
-TEST(Layouts, AResNetTrainsWithBlockedActivationsAsWithPlainOnes) {
+TEST(Layouts, AResNetTrainsWithBlockedActivationsAndWeightsAsWithPlainOnes) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
@@ -215,24 +247,40 @@ TEST(Layouts, AResNetTrainsWithBlockedActivationsAsWithPlainOnes) {
   Session plain(build_model(resnet16()), cfg);
 
   // Every convolution's output is blocked, and so is what runs between two
-  // convolutions; the image, the weights and the logits stay plain.
-  int conv_out_blocked = 0, convs = 0;
+  // convolutions; the image and the logits stay plain. Every convolution's
+  // weights whose channels are in whole blocks (all but the 3-channel
+  // stem's), their gradients and Adam's moments are in oihw16i16o, in every program.
+  int conv_out_blocked = 0, convs = 0, weights_blocked = 0, updates_blocked = 0;
   for (const Session* s : {&blocked, &plain})
-    for (const Launch& l : s->schedule(ProgramKind::train_step)->launches) {
-      const Node& nd = s->graph().nodes()[static_cast<size_t>(l.node)];
-      for (size_t i = 0; i < nd.inputs.size(); ++i) {
-        const TensorDesc& d = s->graph().tensor(nd.inputs[i]);
-        const bool is_blocked = l.args.in[i].layout == kern::Layout::nchw16c;
-        if (s == &plain || d.role == Role::input || d.role == Role::weight || d.shape.size() != 4) {
-          EXPECT_FALSE(is_blocked) << nd.op << " input " << i << " " << d.name;
+    for (ProgramKind pk : {ProgramKind::train_step, ProgramKind::evaluate})
+      for (const Launch& l : s->schedule(pk)->launches) {
+        const Node& nd = s->graph().nodes()[static_cast<size_t>(l.node)];
+        for (size_t i = 0; i < nd.inputs.size(); ++i) {
+          const TensorDesc& d = s->graph().tensor(nd.inputs[i]);
+          const kern::Layout want =
+              s == &plain || d.role == Role::input || d.shape.size() != 4 ? kern::Layout::plain
+              : d.role == Role::weight || d.role == Role::optimizer_state
+                  ? (d.shape[1] == 3 ? kern::Layout::plain : kern::Layout::oihw16i16o)
+                  : l.args.in[i].layout;
+          EXPECT_EQ(l.args.in[i].layout, want) << nd.op << " input " << i << " " << d.name;
         }
+        if (s == &blocked && nd.op == "adam_update") {
+          bool all = true;
+          for (int i = 0; i < 4; ++i) all = all && l.args.in[i].layout == kern::Layout::oihw16i16o;
+          updates_blocked += all;
+        }
+        if (nd.op != "conv2d") continue;
+        if (pk == ProgramKind::train_step) ++convs;
+        if (s != &blocked) continue;
+        conv_out_blocked +=
+            pk == ProgramKind::train_step && l.args.out[0].layout == kern::Layout::nchw16c;
+        weights_blocked +=
+            pk == ProgramKind::train_step && l.args.in[1].layout == kern::Layout::oihw16i16o;
       }
-      if (nd.op != "conv2d") continue;
-      ++convs;
-      if (s == &blocked && l.args.out[0].layout == kern::Layout::nchw16c) ++conv_out_blocked;
-    }
   EXPECT_GT(convs, 0);
   EXPECT_EQ(conv_out_blocked * 2, convs) << "every convolution of the blocked session";
+  EXPECT_EQ(weights_blocked * 2, convs - 2) << "every convolution but the stem's";
+  EXPECT_EQ(updates_blocked, weights_blocked) << "their updates";
 
   for (int step = 0; step < 3; ++step) {
     fill(blocked, step);
@@ -258,6 +306,25 @@ TEST(Layouts, AResNetTrainsWithBlockedActivationsAsWithPlainOnes) {
     }
     EXPECT_LE(std::sqrt(err), 1e-4 * std::sqrt(norm) + 1e-7) << d.name;
   }
+
+  // Weights and moments written to the blocked session from the plain one's
+  // read back bit for bit, and the two evaluate alike: writes and reads
+  // go through the blocked layout and back.
+  for (size_t t = 0; t < plain.graph().num_tensors(); ++t) {
+    const TensorDesc& d = plain.graph().tensor(static_cast<TensorId>(t));
+    if (d.role != Role::weight && d.role != Role::optimizer_state) continue;
+    const auto v = plain.read_tensor(d.name);
+    blocked.write_tensor(d.name, v.data(), v.size());
+    EXPECT_EQ(blocked.read_tensor(d.name), v) << d.name;
+  }
+  fill(blocked, 7);
+  fill(plain, 7);
+  blocked.run(ProgramKind::evaluate);
+  plain.run(ProgramKind::evaluate);
+  float lb = 0, lp = 0;
+  blocked.get_output("loss", &lb, sizeof lb);
+  plain.get_output("loss", &lp, sizeof lp);
+  EXPECT_NEAR(lb, lp, 1e-5 * std::fabs(lp));
 }
 
 }  // namespace
