@@ -958,6 +958,14 @@ void write_pooch_file(const std::string& path, const Metadata& meta, const Graph
                        graph.num_tensors()));
   std::vector<char> seen(graph.num_tensors(), 0);
   std::vector<uint64_t> offsets(tensors.size());
+  // A tensor's bytes, in place or filled into one reused buffer.
+  std::vector<std::byte> filled;
+  auto bytes_of = [&](const TensorData& t) -> const void* {
+    if (t.data || t.bytes == 0) return t.data;
+    filled.resize(t.bytes);
+    t.fill(filled.data());
+    return filled.data();
+  };
   uint64_t rel = 0;
   table_s.u32(static_cast<uint32_t>(tensors.size()));
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -972,7 +980,7 @@ void write_pooch_file(const std::string& path, const Metadata& meta, const Graph
     if (!expect || t.bytes != *expect)
       refuse(fmt::format("tensor '{}' is {} {}, which takes {} bytes, but {} bytes were given",
                          d.name, dtype_name(d.dtype), shape_str(d.shape), d.bytes(), t.bytes));
-    if (t.bytes > 0 && t.data == nullptr)
+    if (t.bytes > 0 && t.data == nullptr && !t.fill)
       refuse(fmt::format("tensor '{}' has no data pointer", d.name));
     offsets[i] = rel;
     table_s.str(d.name);
@@ -983,7 +991,7 @@ void write_pooch_file(const std::string& path, const Metadata& meta, const Graph
     for (int64_t dim : d.shape) table_s.i64(dim);
     table_s.u64(rel);
     table_s.u64(t.bytes);
-    table_s.u64(xxh3(t.data, t.bytes));
+    table_s.u64(xxh3(bytes_of(t), t.bytes));
     rel = align64(rel + t.bytes);
   }
   const uint64_t data_size = rel;
@@ -1026,7 +1034,7 @@ void write_pooch_file(const std::string& path, const Metadata& meta, const Graph
   file_io::AtomicFile tmp(path);
   tmp.write(front.data(), front.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    tmp.write(tensors[i].data, tensors[i].bytes);
+    tmp.write(bytes_of(tensors[i]), tensors[i].bytes);
     const uint64_t end = offsets[i] + tensors[i].bytes;
     tmp.write(zeros.data(), align64(end) - end);
   }

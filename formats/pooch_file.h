@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,13 +49,13 @@ inline constexpr std::string_view kLr = "train.lr";
 inline constexpr std::string_view kLrSchedule = "train.lr_schedule";
 inline constexpr std::string_view kLrScheduleState = "train.lr_schedule.state";
 inline constexpr std::string_view kOptimizer = "train.optimizer";
-inline constexpr std::string_view kLossSum = "train.loss_sum";  // of the epoch's batches so far
+inline constexpr std::string_view kLossSum = "train.loss_sum";   // of the epoch's batches so far
 inline constexpr std::string_view kFinished = "train.finished";  // early stopping ended the run
 // What the run trains on (data_fingerprint): a resume on other data is refused.
 inline constexpr std::string_view kDataFingerprint = "train.data.fingerprint";
 inline constexpr std::string_view kModelSpec = "model.spec";      // the family's spec (JSON)
 inline constexpr std::string_view kModelFamily = "model.family";  // "xmc", "mlp", ...
-inline constexpr std::string_view kModelIo = "model.io";  // inputs, outputs, losses (JSON)
+inline constexpr std::string_view kModelIo = "model.io";          // inputs, outputs, losses (JSON)
 }  // namespace meta_keys
 
 // The on-disk type tags of metadata values.
@@ -131,11 +132,16 @@ class Metadata {
 };
 
 // One tensor's data for the writer: `bytes` must equal the graph tensor's
-// dtype size × numel. The pointer is only read during the call.
+// dtype size × numel. The pointer is only read during the call. Where
+// `data` is null, `fill` writes the bytes into a buffer of `bytes` instead:
+// it is called twice (for the checksum, then for the write) and must give
+// the same bytes both times; the writer holds one such tensor at a time,
+// so a file is written without its size in memory.
 struct TensorData {
   TensorId id = kNoTensor;
   const void* data = nullptr;
   size_t bytes = 0;
+  std::function<void(std::byte* to)> fill;
 };
 
 // Writes `path` atomically (docs/FORMAT.md "Writing"): the tensors' data go

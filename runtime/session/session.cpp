@@ -609,20 +609,33 @@ std::vector<std::byte> Session::read_tensor(std::string_view name) const {
   if (!id || !persistent(graph_.tensor(*id).role))
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("no weight or optimizer state named '{}'", name));
-  const TensorDesc& d = graph_.tensor(*id);
-  std::vector<std::byte> out(d.bytes());
-  if (layout_.paged(*id))  // its home is the host pool, current after every run
-    std::memcpy(out.data(), exec().host_pool() + layout_.home_offset[static_cast<size_t>(*id)],
-                out.size());
-  else
-    exec().read(layout_.device_offset[static_cast<size_t>(*id)], out.data(), out.size());
-  if (const kern::Layout l = held_layout(*id); l != kern::Layout::plain) {
-    std::vector<std::byte> plain(out.size());
-    kern::relayout(l, d.shape.data(), reinterpret_cast<const float*>(out.data()),
-                   reinterpret_cast<float*>(plain.data()), true);
-    return plain;
-  }
+  std::vector<std::byte> out(graph_.tensor(*id).bytes());
+  read_tensor_to(*id, out.data());
   return out;
+}
+
+void Session::read_tensor_to(TensorId t, void* plain) const {
+  const TensorDesc& d = graph_.tensor(t);
+  const auto i = static_cast<size_t>(t);
+  // Its home is the host pool (current after every run), or the arena.
+  const std::byte* at = layout_.paged(t) ? exec().host_pool() + layout_.home_offset[i]
+                                         : exec().host_view(layout_.device_offset[i]);
+  const kern::Layout l = held_layout(t);
+  if (l == kern::Layout::plain) {
+    if (at)
+      std::memcpy(plain, at, d.bytes());
+    else
+      exec().read(layout_.device_offset[i], plain, d.bytes());
+    return;
+  }
+  std::vector<std::byte> copy;  // off the host: the blocked bytes first
+  if (!at) {
+    copy.resize(d.bytes());
+    exec().read(layout_.device_offset[i], copy.data(), copy.size());
+    at = copy.data();
+  }
+  kern::relayout(l, d.shape.data(), reinterpret_cast<const float*>(at), static_cast<float*>(plain),
+                 true);
 }
 
 void Session::write_tensor(std::string_view name, const void* data, size_t bytes) {

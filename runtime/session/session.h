@@ -143,6 +143,9 @@ class Session {
 
   // Whole tensors by name (weights, optimizer state), synchronously.
   std::vector<std::byte> read_tensor(std::string_view name) const;
+  // The same into `plain` (the tensor's bytes long), for weight or
+  // optimizer state t (no check of either).
+  void read_tensor_to(TensorId t, void* plain) const;
   void write_tensor(std::string_view name, const void* data, size_t bytes);
   // A weight's bytes in place when the device's memory is host memory and
   // the weight lies there plain (not in a blocked layout), else null.

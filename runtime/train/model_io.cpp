@@ -143,19 +143,16 @@ void save_session(const Session& s, const std::string& path, bool checkpoint,
   meta.set_string(meta_keys::kModelIo, io_to_json(model, g));
   meta.set_u64(meta_keys::kStep, s.optimizer_step());
   // On the CPU the arena is host memory: the writer reads the tensors in
-  // place. Elsewhere each is copied out first (the file's size in host memory).
-  std::vector<std::vector<std::byte>> copies;
+  // place. A tensor elsewhere, or in a blocked layout, is read out (plain)
+  // as the writer comes to it, one at a time.
   std::vector<TensorData> data;
   for (size_t t = 0; t < g.num_tensors(); ++t) {
     const auto id = static_cast<TensorId>(t);
     const TensorDesc& d = g.tensor(id);
     if (!carried(d.role, checkpoint)) continue;
-    const void* p = s.host_view(id);
-    if (!p) {
-      copies.push_back(s.read_tensor(d.name));
-      p = copies.back().data();
-    }
-    data.push_back({id, p, d.bytes()});
+    TensorData td{id, s.host_view(id), d.bytes(), {}};
+    if (!td.data) td.fill = [&s, id](std::byte* to) { s.read_tensor_to(id, to); };
+    data.push_back(std::move(td));
   }
   write_pooch_file(path, meta, g, data);
 }
@@ -182,7 +179,7 @@ void save_model(const Model& m, const std::string& path,
                               it == weights.end() ? "has no data"
                                                   : fmt::format("has {} bytes of data, not {}",
                                                                 it->second.size(), d.bytes())));
-    data.push_back({id, it->second.data(), it->second.size()});
+    data.push_back({id, it->second.data(), it->second.size(), {}});
   }
   write_pooch_file(path, meta, g, data);
 }

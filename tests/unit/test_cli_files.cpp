@@ -67,7 +67,7 @@ TEST_F(CliFiles, ResumeErrorsNameTheCheckpoint) {
   Metadata md = f.metadata();
   ASSERT_TRUE(md.erase(meta_keys::kDataPosition));
   std::vector<TensorData> td;
-  for (const TensorEntry& e : f.tensors()) td.push_back({e.id, f.data(e).data(), e.bytes});
+  for (const TensorEntry& e : f.tensors()) td.push_back({e.id, f.data(e).data(), e.bytes, {}});
   write_pooch_file(dir_ + "/cut.ckpt", md, f.graph(), td);
   EXPECT_EQ(run("train --data data --epochs 2 --threads 1 --device cpu --out r.pooch --resume "
                 "cut.ckpt",

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "runtime/models/build.h"
 #include "runtime/plan/layouts.h"
 #include "runtime/session/session.h"
+#include "runtime/train/model_io.h"
 
 using namespace pooch;
 
@@ -316,6 +318,18 @@ TEST(Layouts, AResNetTrainsWithBlockedActivationsAndWeightsAsWithPlainOnes) {
     const auto v = plain.read_tensor(d.name);
     blocked.write_tensor(d.name, v.data(), v.size());
     EXPECT_EQ(blocked.read_tensor(d.name), v) << d.name;
+  }
+  // A checkpoint of the blocked session holds the plain bytes: a session
+  // without blocked layouts restores the same weights and moments.
+  const std::string ckpt = testing::TempDir() + "/layouts.ckpt";
+  save_session(blocked, ckpt, true);
+  Session restored(build_model(resnet16()), cfg);  // cfg: blocked layouts off
+  restore_tensors(restored, load_model_file(ckpt).file, true);
+  std::remove(ckpt.c_str());
+  for (size_t t = 0; t < plain.graph().num_tensors(); ++t) {
+    const TensorDesc& d = plain.graph().tensor(static_cast<TensorId>(t));
+    if (d.role != Role::weight && d.role != Role::optimizer_state) continue;
+    EXPECT_EQ(restored.read_tensor(d.name), blocked.read_tensor(d.name)) << d.name;
   }
   fill(blocked, 7);
   fill(plain, 7);
