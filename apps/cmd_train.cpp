@@ -39,6 +39,12 @@ bool debtags_tuned(const TrainOpts& o, const Data& data, const Shape& a) {
 
 int run_train(TrainOpts& o) {
   Output& out = o.output;
+  // An ensemble averages bag-of-words models' scores; elsewhere it is
+  // refused rather than ignored.
+  auto refuse_ensemble = [&](const char* what) {
+    return out.fail(kUsage, "--ensemble " + std::to_string(o.train.ensemble) +
+                                ": ensembles train bag-of-words models only, not " + what);
+  };
   if (o.dense.targets.empty() && (!o.train.resume.empty() || !o.model.spec.empty())) {
     // A gpt run (a spec of family gpt, or a checkpoint of one) trains on a token stream.
     ModelHandle model;
@@ -63,6 +69,7 @@ int run_train(TrainOpts& o) {
         return out.fail(kBadInput, "--spec: cannot read '" + o.model.spec +
                                        "' (or it is larger than 16 MiB, which no spec is)");
       if (spec_is_gpt(o.model.spec_text)) {
+        if (o.train.ensemble > 1) return refuse_ensemble("a gpt model");
         if (int rc = make_gpt_model(o.model.spec_text, o.model.spec, o.train, o.lm, model, out))
           return rc;
         o.train.resolve_gpt();
@@ -72,6 +79,7 @@ int run_train(TrainOpts& o) {
     }
   }
   if (!o.dense.targets.empty()) {
+    if (o.train.ensemble > 1) return refuse_ensemble("dense rows or images (--targets)");
     o.train.resolve(false);
     return run_dense_train(o.data.dir, o.dense, o.model, o.train, o.device, o.app, out);
   }
@@ -130,7 +138,8 @@ Command add_train(CLI::App& app) {
                 "Train this many models alike but for their seeds (--seed, --seed + 1, ...) and "
                 "write one model that averages their scores (default: " +
                     std::to_string(kBowEnsemble) +
-                    " for a bag-of-words model from the flags with a dense output layer, else 1)")
+                    " for a bag-of-words model from the flags with a dense output layer, else "
+                    "1; bag-of-words data only)")
       ->check(in_range(1, 64, true))
       ->default_str("auto")
       ->group("Training");

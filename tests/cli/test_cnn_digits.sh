@@ -128,6 +128,11 @@ expect ft_fewer 2 "$RUN" finetune --model digits.pooch "${TRAIN[@]}" --new-head 
   --out x.pooch
 contains "--new-head below the data's classes: refused" ft_fewer.err 'fewer classes'
 
+# --ensemble trains bag-of-words models only: refused for images, not ignored.
+expect ensemble_refused 1 "$RUN" train "${TRAIN[@]}" --spec "$DATA/resnet_digits.json" \
+  --ensemble 2 --epochs 1 --out x.pooch "${T[@]}"
+contains "--ensemble refused for images" ensemble_refused.err 'bag-of-words models only'
+
 # A convolutional spec refuses 2-D rows, naming what it needs.
 expect synth 0 "$RUN" synth --kind classification --rows 20 --features 6 --out rows
 expect rows_refused 2 "$RUN" train --data rows/X.npy --targets rows/Y.npy \
