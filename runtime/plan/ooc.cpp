@@ -48,14 +48,23 @@ Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_p
                          const LinkModel& link, double launch_seconds) {
   Profile p;
   p.link = link;
-  for (const Node& n : g.nodes()) {
+  auto seconds_of = [&](const Node& n, const OpDef& def) {
     std::vector<const TensorDesc*> in, out;
     for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
     for (TensorId y : n.outputs) out.push_back(&g.tensor(y));
-    const OpDef& def = op_registry().get(n.op);
     const double flops = def.flops ? def.flops(in, out, n.attrs) : 0;
-    p.node_seconds.push_back(
-        std::max(flops / flops_per_second, op_bytes(in, out) / bytes_per_second) + launch_seconds);
+    return std::max(flops / flops_per_second, op_bytes(in, out) / bytes_per_second) +
+           launch_seconds;
+  };
+  p.replay_seconds.assign(g.nodes().size(), 0);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    const OpDef& def = op_registry().get(n.op);
+    p.node_seconds.push_back(seconds_of(n, def));
+    if (recompute_replays(n, def) && !def.replay.op.empty()) {
+      const Node r = recompute_node(n, def);
+      p.replay_seconds[i] = seconds_of(r, op_registry().get(r.op));
+    }
   }
   return p;
 }
@@ -65,9 +74,16 @@ Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
   Profile p;
   p.link = link;
   p.node_seconds.assign(g.nodes().size(), 0);
+  p.replay_seconds.assign(g.nodes().size(), 0);
   std::vector<char> seen(g.nodes().size(), 0);
   for (size_t i = 0; i < s.launches.size(); ++i) {
     const auto n = static_cast<size_t>(s.launches[i].node);
+    if (i < s.launch_replay.size() && s.launch_replay[i]) {
+      // A replay (a batch normalisation from its saved statistics) costs
+      // what it costs, not what the node does.
+      if (p.replay_seconds[n] == 0) p.replay_seconds[n] = t.launch_seconds[i];
+      continue;
+    }
     if (seen[n]) continue;  // a recompute launch: the first run is the measurement
     seen[n] = 1;
     // A host update's time stands for its device time too until one is
@@ -118,6 +134,16 @@ Profile median_profile(const std::vector<Profile>& runs) {
     for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].node_seconds[n];
     p.node_seconds[n] = median_of(v);
   }
+  // A replay's median over the runs that measured it (a run whose plan
+  // recomputed nothing through it has none).
+  p.replay_seconds.assign(nodes, 0);
+  for (size_t n = 0; n < nodes; ++n) {
+    std::vector<double> r;
+    for (const Profile& run : runs)
+      if (n < run.replay_seconds.size() && run.replay_seconds[n] > 0)
+        r.push_back(run.replay_seconds[n]);
+    if (!r.empty()) p.replay_seconds[n] = median_of(r);
+  }
   for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].link.h2d_bandwidth;
   p.link.h2d_bandwidth = median_of(v);
   for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].link.d2h_bandwidth;
@@ -125,6 +151,12 @@ Profile median_profile(const std::vector<Profile>& runs) {
   p.link.latency = runs.back().link.latency;  // not measured: the model's
   return p;
 }
+
+namespace {
+bool replay_slot(const Schedule& s, size_t slot) {
+  return slot < s.launch_replay.size() && s.launch_replay[slot];
+}
+}  // namespace
 
 std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
   double t[kNumStreams] = {0, 0, 0};
@@ -136,9 +168,12 @@ std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
     switch (st.kind) {
       case StepKind::launch: {
         // A launch on a copy stream is a host kernel.
-        const auto node = static_cast<size_t>(s.launch_node[static_cast<size_t>(st.index)]);
+        const auto slot = static_cast<size_t>(st.index);
+        const auto node = static_cast<size_t>(s.launch_node[slot]);
         out[i].start = now;
-        now += st.stream == Stream::compute ? p.node_seconds[node] : p.host_seconds(node);
+        now += st.stream != Stream::compute ? p.host_seconds(node)
+               : replay_slot(s, slot)       ? p.recompute_seconds(node)
+                                            : p.node_seconds[node];
         break;
       }
       case StepKind::copy_in:
@@ -169,9 +204,12 @@ Simulation simulate(const Schedule& s, const Profile& p) {
   Simulation sim;
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const ScheduleStep& st = s.steps[i];
-    if (st.kind == StepKind::launch && st.stream == Stream::compute)
+    if (st.kind == StepKind::launch && st.stream == Stream::compute) {
+      const auto slot = static_cast<size_t>(st.index);
+      const auto node = static_cast<size_t>(s.launch_node[slot]);
       sim.compute_seconds +=
-          p.node_seconds[static_cast<size_t>(s.launch_node[static_cast<size_t>(st.index)])];
+          replay_slot(s, slot) ? p.recompute_seconds(node) : p.node_seconds[node];
+    }
     // A stream's time never goes back: the latest end is the latest stream.
     sim.seconds = std::max(sim.seconds, timeline[i].end);
   }
@@ -368,8 +406,8 @@ struct Search {
   bool any_unsaved = false;  // some recompute would remake something
   double producer_seconds(const SavedActivation& sa) const {
     return remake_unsaved ? remake[static_cast<size_t>(sa.tensor)]
-                          : profile.node_seconds[static_cast<size_t>(
-                                base.nodes[static_cast<size_t>(sa.producer)])];
+                          : profile.recompute_seconds(
+                                static_cast<size_t>(base.nodes[static_cast<size_t>(sa.producer)]));
   }
   // A recompute runs its producer (or the producer's replay), and before it
   // the producers of the never-saved activations it remakes on its way
@@ -392,7 +430,7 @@ struct Search {
       while (!todo.empty()) {
         const int ni = base.nodes[static_cast<size_t>(todo.back())];
         todo.pop_back();
-        seconds += profile.node_seconds[static_cast<size_t>(ni)];
+        seconds += profile.recompute_seconds(static_cast<size_t>(ni));
         const Node& nd = g.nodes()[static_cast<size_t>(ni)];
         for (TensorId x : recompute_node(nd, op_registry().get(nd.op)).inputs) {
           const TensorId r = al.root[static_cast<size_t>(x)];

@@ -32,6 +32,10 @@ struct LinkModel {
 
 struct Profile {
   std::vector<double> node_seconds;  // per graph node
+  // Per graph node with a replay (OpDef::replay: what a recompute of its
+  // output runs, a batch normalisation from its saved statistics): the
+  // replay's time; 0 or empty where none is known (node_seconds stands for it).
+  std::vector<double> replay_seconds;
   // Per graph node, as a host kernel (an optimizer update where its state
   // lives); empty: the same as node_seconds (the CPU backend's host kernels
   // are its kernels).
@@ -39,6 +43,12 @@ struct Profile {
   LinkModel link;
   double host_seconds(size_t node) const {
     return host_node_seconds.empty() ? node_seconds[node] : host_node_seconds[node];
+  }
+  // What remaking the node's output costs: its replay's time where it has
+  // one and it is known, else the node's.
+  double recompute_seconds(size_t node) const {
+    return node < replay_seconds.size() && replay_seconds[node] > 0 ? replay_seconds[node]
+                                                                    : node_seconds[node];
   }
 };
 

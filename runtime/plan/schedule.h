@@ -64,6 +64,9 @@ struct Launch {
 struct Schedule {
   std::vector<Launch> launches;
   std::vector<int> launch_node;  // per launch slot: the graph node it runs (the simulator's key)
+  // Per launch slot: 1 where it runs its node's replay (OpDef::replay) for a
+  // recompute, which the profile times apart from the node.
+  std::vector<char> launch_replay;
   std::vector<ScheduleStep> steps;
   std::vector<ScheduledCopy> copies;
   int events = 0;
@@ -101,6 +104,7 @@ struct Schedule {
   int add_event() { return events++; }
   int add_launch(Launch l) {
     launch_node.push_back(l.node);
+    launch_replay.push_back(0);
     launches.push_back(l);
     steps.push_back({StepKind::launch, Stream::compute, static_cast<int32_t>(launches.size() - 1)});
     return static_cast<int>(launches.size() - 1);

@@ -704,6 +704,7 @@ void ScheduleBuilder::make_launches() {
     const int ni = req.nodes[static_cast<size_t>(slot.pos)];
     const Node& nd = slot_node(sl);
     s.launch_node.push_back(ni);
+    s.launch_replay.push_back(slot.replay ? 1 : 0);
     const bool host = runs_on_host(sl);
     std::vector<Launch>* cached =
         cache ? slot.replay ? &cache->replay_launch : &cache->launch : nullptr;

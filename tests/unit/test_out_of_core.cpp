@@ -243,6 +243,39 @@ TEST(OutOfCore, RecomputedReluOutputsRemakeTheirBatchNormalisation) {
   EXPECT_EQ(launches_of(kept_inputs, "batchnorm_replay"), 0);
   EXPECT_GT(kept_inputs.arena_bytes, remade.arena_bytes + relu_bytes / 2);
 
+  // A replay is timed apart from its node: a batch normalisation from its
+  // saved statistics reads its input once, the forward twice. In a profile
+  // whose replays took 1 s and everything else 2 s, the node keeps 2 s, its
+  // replay 1 s, and the simulator and the recompute pricing use each.
+  ASSERT_EQ(remade.launch_replay.size(), remade.launches.size());
+  StepTimes times;
+  double expect_compute = 0;
+  int replays = 0;
+  for (size_t i = 0; i < remade.launches.size(); ++i) {
+    const bool replay = remade.launch_replay[i] != 0;
+    EXPECT_EQ(replay, std::string_view(remade.launches[i].kernel->op) == "batchnorm_replay");
+    replays += replay;
+    times.launch_seconds.push_back(replay ? 1.0 : 2.0);
+    expect_compute += replay ? 1.0 : 2.0;
+  }
+  EXPECT_EQ(replays, launches_of(remade, "batchnorm_replay"));
+  times.copy_seconds.assign(remade.copies.size(), 0.0);
+  const Profile measured = measured_profile(g, remade, times, LinkModel{});
+  std::vector<char> replayed(g.nodes().size(), 0);
+  for (size_t i = 0; i < remade.launches.size(); ++i)
+    if (remade.launch_replay[i]) replayed[static_cast<size_t>(remade.launch_node[i])] = 1;
+  for (size_t i = 0; i < remade.launches.size(); ++i) {
+    const auto n = static_cast<size_t>(remade.launch_node[i]);
+    EXPECT_EQ(measured.node_seconds[n], 2.0);
+    EXPECT_EQ(measured.recompute_seconds(n), replayed[n] ? 1.0 : 2.0);
+  }
+  EXPECT_EQ(simulate(remade, measured).compute_seconds, expect_compute);
+  // The median keeps a replay's time from the runs that measured it.
+  Profile unmeasured = measured;
+  unmeasured.replay_seconds.assign(unmeasured.replay_seconds.size(), 0);
+  EXPECT_EQ(median_profile({unmeasured, measured, unmeasured}).replay_seconds,
+            measured.replay_seconds);
+
   // recompute-all, without paging, at the smallest budget it reaches:
   // within it, with replays, the in-core bits.
   SessionConfig oc = cfg;
