@@ -38,18 +38,8 @@
 
 #include "../common/supports.h"
 #include "cpu_kernels.h"
+#include "target_clones.h"
 #include "vec_math.h"
-
-// No clones under a sanitizer: the clones' ifunc resolver runs while the
-// program is relocated, before the sanitizer's runtime is up, and an
-// instrumented resolver crashes there (seen with ThreadSanitizer).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
-#define POOCH_VEC_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define POOCH_VEC_CLONES
-#endif
 
 namespace pooch::kern {
 namespace {

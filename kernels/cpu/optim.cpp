@@ -1,7 +1,10 @@
 // Fast f32 optimizer updates (docs/OPS.md, "Optimizer updates"). Each element
-// is independent, so the loops are split across threads and vectorised; the
-// float arithmetic follows torch.optim's sequence of tensor ops (each rounded
-// to float) so results track PyTorch's float32 run closely.
+// is independent, so the loops are split across threads and vectorised (in
+// AVX-512 or AVX2 where the CPU has them: POOCH_VEC_CLONES); the float
+// arithmetic follows torch.optim's sequence of tensor ops so results track
+// PyTorch's float32 run closely (the AVX copies may fuse a multiply and an
+// add into one rounding, so the last bits differ between machines, never
+// between runs on one).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -9,6 +12,7 @@
 #include "../common/optim_params.h"
 #include "../common/supports.h"
 #include "cpu_kernels.h"
+#include "target_clones.h"
 
 namespace pooch::kern {
 namespace {
@@ -21,8 +25,8 @@ using Adam = AdamParams;
 
 // With and without momentum are separate loops, so neither has a branch inside.
 // `c` is the gradient's clipping factor (1: none; x·1 is exact).
-void sgd_span(const Sgd& p, float c, float* __restrict w, const float* __restrict g,
-              float* __restrict mom, int64_t n) {
+POOCH_VEC_CLONES void sgd_span(const Sgd& p, float c, float* __restrict w,
+                               const float* __restrict g, float* __restrict mom, int64_t n) {
   if (p.momentum == 0.0f) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) w[i] = w[i] - p.lr * (g[i] * c + p.wd * w[i]);
@@ -38,8 +42,9 @@ void sgd_span(const Sgd& p, float c, float* __restrict w, const float* __restric
 
 // std::sqrt may set errno, so GCC keeps this loop scalar unless the build
 // passes -fno-math-errno; it is memory-bound either way (7 float streams).
-void adam_span(const Adam& p, float c, float* __restrict w, const float* __restrict g,
-               float* __restrict m, float* __restrict v, int64_t n) {
+POOCH_VEC_CLONES void adam_span(const Adam& p, float c, float* __restrict w,
+                                const float* __restrict g, float* __restrict m, float* __restrict v,
+                                int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     float wi = w[i];
