@@ -11,6 +11,7 @@
 
 #include "../common/supports.h"
 #include "cpu_kernels.h"
+#include "target_clones.h"
 
 namespace pooch::kern {
 namespace {
@@ -27,6 +28,13 @@ bool all_f32(const KernelArgs& a) {
 }
 
 // ---- sparse_linear ---------------------------------------------------------
+
+// y += a·x over n floats: a weight row into an output row (the forward), an
+// output gradient row into a weight gradient row (the backward).
+POOCH_VEC_CLONES void add_scaled(float a, const float* __restrict x, float* __restrict y,
+                                 int64_t n) {
+  for (int64_t o = 0; o < n; ++o) y[o] += a * x[o];
+}
 
 void sparse_linear_omp(const KernelArgs& a) {
   if (!all_f32(a)) return;
@@ -45,11 +53,8 @@ void sparse_linear_omp(const KernelArgs& a) {
   for (int64_t r = 0; r < rows; ++r) {
     float* yr = y + r * cols;
     for (int64_t o = 0; o < cols; ++o) yr[o] = 0.0f;
-    for (int64_t j = ptr[r]; j < ptr[r + 1]; ++j) {
-      const float v = val[j];
-      const float* wr = w + int64_t{idx[j]} * cols;
-      for (int64_t o = 0; o < cols; ++o) yr[o] += v * wr[o];
-    }
+    for (int64_t j = ptr[r]; j < ptr[r + 1]; ++j)
+      add_scaled(val[j], w + int64_t{idx[j]} * cols, yr, cols);
     for (int64_t o = 0; o < cols; ++o) yr[o] += bias[o];
   }
 }
@@ -131,9 +136,7 @@ void sparse_linear_grad_weight_omp(const KernelArgs& a) {
       for (int64_t o = 0; o < cols; ++o) out[o] = 0.0f;
       for (int64_t t = start[i]; t < start[i + 1]; ++t) {
         const int32_t j = order[t];
-        const float v = val[j];
-        const float* g = dy + int64_t{row_of[j]} * cols;
-        for (int64_t o = 0; o < cols; ++o) out[o] += v * g[o];
+        add_scaled(val[j], dy + int64_t{row_of[j]} * cols, out, cols);
       }
     }
     // db by column blocks, each summed over rows in row order.
