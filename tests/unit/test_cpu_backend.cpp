@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <new>
 #include <string>
 #include <thread>
@@ -100,11 +101,21 @@ void check_order(const kern::KernelArgs& a) {
   ++*next;
 }
 
+// out[0][t] = in[0][t] * 0.5 on OpenMP team thread t (two of them): with
+// in[0] the smallest normal float the exact result is denormal.
+void halve_in_team(const kern::KernelArgs& a) {
+  const volatile float* x = a.in[0].as<const float>();
+  volatile float* y = a.out[0].as<float>();
+#pragma omp parallel for num_threads(2) schedule(static, 1)
+  for (int t = 0; t < 2; ++t) y[t] = x[t] * 0.5f;
+}
+
 const kern::KernelVariant kSlowFill{"test_slow_fill", "test", slow_fill, nullptr, true};
 const kern::KernelVariant kAddOne{"test_add_one", "test", add_one, nullptr, true};
 const kern::KernelVariant kThrows{"test_throws", "test", throws_error, nullptr, true};
 const kern::KernelVariant kThrowsOther{"test_throws_other", "test", throws_other, nullptr, true};
 const kern::KernelVariant kCheckOrder{"test_check_order", "test", check_order, nullptr, true};
+const kern::KernelVariant kHalveInTeam{"test_halve_in_team", "test", halve_in_team, nullptr, true};
 
 std::unique_ptr<Backend> backend_with_arena(size_t arena = kMiB, size_t pool = kMiB) {
   CpuBackendParams p;
@@ -144,6 +155,31 @@ TEST(CpuBackend, CopyWaitingOnAnEventSeesTheKernelsOutput) {
 // kernel that sleeps 50 ms measures at least that, however late the host
 // asks; an event whose latest record has not completed is an error, not a
 // wrong time.
+// Kernels, on the compute stream and in the OpenMP teams it starts, flush
+// denormals to zero (a denormal operation costs an x86 core about a hundred
+// cycles); the host thread's floating-point mode is left as it was, also by
+// the backend's construction (which starts OpenBLAS's threads under the flush).
+TEST(CpuBackend, KernelsFlushDenormalsAndTheHostThreadKeepsItsMode) {
+  const volatile float tiny = std::numeric_limits<float>::min();
+  ASSERT_GT(tiny * 0.5f, 0.0f) << "the test thread itself flushes denormals";
+  auto b = backend_with_arena();
+  EXPECT_GT(tiny * 0.5f, 0.0f) << "making a backend changed the caller's mode";
+  auto* x = reinterpret_cast<float*>(b->arena_base());
+  float* y = x + 2;
+  x[0] = x[1] = std::numeric_limits<float>::min();
+  y[0] = y[1] = -1.0f;
+  kern::KernelArgs a;
+  a.n_in = 1;
+  a.n_out = 1;
+  a.in[0] = {x, DType::f32, 1, {2}};
+  a.out[0] = {y, DType::f32, 1, {2}};
+  b->launch(Stream::compute, kHalveInTeam, a);
+  b->sync_all();
+  EXPECT_EQ(y[0], 0.0f) << "the compute stream computed a denormal";
+  EXPECT_EQ(y[1], 0.0f) << "the kernel's OpenMP team computed a denormal";
+  EXPECT_GT(tiny * 0.5f, 0.0f);
+}
+
 TEST(CpuBackend, TimedEventsMeasureTheWorkBetweenThem) {
   auto b = backend_with_arena();
   const EventId start = b->event_create_timed(), end = b->event_create_timed();

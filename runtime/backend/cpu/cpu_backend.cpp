@@ -16,6 +16,7 @@
 #include "../../../kernels/common/util.h"
 #include "../../../kernels/cpu/cpu_kernels.h"
 #include "../../core/error.h"
+#include "denormals.h"
 
 namespace pooch {
 
@@ -104,8 +105,13 @@ CpuBackend::CpuBackend(const CpuBackendParams& p)
   threads_ = resolve_threads(p.threads);
   device_.threads = threads_;
   // OpenBLAS runs this many threads too (its pool grows to it on demand;
-  // pooch-run starts it without one). OpenMP regions name theirs.
-  openblas_set_num_threads(threads_);
+  // pooch-run starts it without one). OpenMP regions name theirs. Threads
+  // it starts now inherit the flushing of denormals (denormals.h); the
+  // caller's own mode is put back.
+  {
+    ScopedFlushDenormals flush;
+    openblas_set_num_threads(threads_);
+  }
   try {
     for (int i = 0; i < kNumStreams; ++i)
       streams_[i] = std::make_unique<StreamWorker>(stream_name(i), kStreamQueueCapacity);

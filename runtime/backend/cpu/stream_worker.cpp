@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "../../core/error.h"
+#include "denormals.h"
 
 namespace pooch::cpu {
 
@@ -72,6 +73,8 @@ void StreamWorker::sync() {
 }
 
 void StreamWorker::run() {
+  // Kernels run here, and the OpenMP teams they start inherit the mode.
+  flush_denormals_on_this_thread();
   for (;;) {
     Task t;
     bool skip = false;
