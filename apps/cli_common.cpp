@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "console.h"
+
 namespace cli {
 
 int exit_code(pooch_status st) {
@@ -449,8 +451,7 @@ int open_log(const std::string& path, bool append, LogFile& log, Output& out) {
 void print_memory(const pooch_session* s, Output& out) {
   pooch_memory_report m{};
   if (pooch_session_memory(s, &m) != POOCH_OK) return;
-  std::printf(
-      "memory: arena %s on the %s backend (weights %s, activations %s, gradients %s, optimizer "
+  say("memory: arena %s on the %s backend (weights %s, activations %s, gradients %s, optimizer "
       "%s)%s\n",
       format_bytes(static_cast<double>(m.arena_bytes)).c_str(), m.backend ? m.backend : "?",
       format_bytes(static_cast<double>(m.by_role[1])).c_str(),
@@ -486,8 +487,7 @@ void print_memory(const pooch_session* s, Output& out) {
       }
     }
     pooch_string_free(&text);
-    std::printf(
-        "out of core: the step needs %s in core; %s swapped to host memory, %s recomputed, "
+    say("out of core: the step needs %s in core; %s swapped to host memory, %s recomputed, "
         "%s of weights and optimizer state paged (plan from %s); predicted step %.3g ms (%.3g "
         "ms in core)\n",
         format_bytes(static_cast<double>(m.in_core_bytes)).c_str(),
@@ -502,8 +502,7 @@ void print_memory(const pooch_session* s, Output& out) {
     j["host_updates"] = host_updates;
     j["host_launches"] = host_launches;
     if (host_updates)
-      std::printf(
-          "out of core: %d optimizer updates run on the host, where their weights and "
+      say("out of core: %d optimizer updates run on the host, where their weights and "
           "state live, and %d other ops that read those weights' rows or make their "
           "gradients\n",
           host_updates, host_launches - host_updates);

@@ -3,13 +3,15 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "console.h"
+
 namespace cli {
 
 Progress::Progress(bool tty, int epochs) : tty_(tty), epochs_(epochs) {}
 
 void Progress::clear() {
   if (tty_ && bar_shown_) {
-    std::printf("\r\033[K");
+    say("\r\033[K");
     std::fflush(stdout);
   }
   bar_shown_ = false;
@@ -45,9 +47,9 @@ void Progress::step(int64_t step, float loss, int epoch, int64_t batch, int64_t 
     char eta[48] = "-";
     if (rate > 0)
       std::snprintf(eta, sizeof eta, "%.0f s", static_cast<double>(batches - done) / rate);
-    std::printf("\r\033[Kepoch %d/%d [%s] %lld/%lld  loss %.5f  %s steps/s  epoch eta %s", epoch,
-                epochs_, bar.c_str(), static_cast<long long>(done), static_cast<long long>(batches),
-                mean, speed, eta);
+    say("\r\033[Kepoch %d/%d [%s] %lld/%lld  loss %.5f  %s steps/s  epoch eta %s", epoch, epochs_,
+        bar.c_str(), static_cast<long long>(done), static_cast<long long>(batches), mean, speed,
+        eta);
     std::fflush(stdout);
     bar_shown_ = true;
     return;
@@ -57,9 +59,9 @@ void Progress::step(int64_t step, float loss, int epoch, int64_t batch, int64_t 
   if (done % every != 0 && done != batches && step != 1) return;
   if (done == last_line_batch_) return;
   last_line_batch_ = done;
-  std::printf("epoch %d/%d  step %lld  batch %lld/%lld  loss %.5f  %s steps/s\n", epoch, epochs_,
-              static_cast<long long>(step), static_cast<long long>(done),
-              static_cast<long long>(batches), mean, speed);
+  say("epoch %d/%d  step %lld  batch %lld/%lld  loss %.5f  %s steps/s\n", epoch, epochs_,
+      static_cast<long long>(step), static_cast<long long>(done), static_cast<long long>(batches),
+      mean, speed);
   std::fflush(stdout);
 }
 
@@ -83,18 +85,18 @@ void Progress::epoch(const pooch_epoch_report& r) {
   std::string flags;
   if (r.reduced_lr) flags += "  (learning rate reduced)";
   if (r.stopping) flags += "  (early stop)";
-  std::printf("epoch %d/%d  loss %.5f  %s  %.1f s  lr %.3g%s\n", r.epoch, epochs_, r.train_loss,
-              r.evaluated ? metrics_line(r.eval).c_str() : "(no test set)", r.seconds,
-              r.learning_rate, flags.c_str());
+  say("epoch %d/%d  loss %.5f  %s  %.1f s  lr %.3g%s\n", r.epoch, epochs_, r.train_loss,
+      r.evaluated ? metrics_line(r.eval).c_str() : "(no test set)", r.seconds, r.learning_rate,
+      flags.c_str());
   std::fflush(stdout);
   last_epoch_ = -1;
 }
 
 void print_metrics_table(const pooch_metrics& m) {
-  std::printf("%-6s %8s %8s %8s %8s %8s\n", "", "@1", "@2", "@3", "@4", "@5");
+  say("%-6s %8s %8s %8s %8s %8s\n", "", "@1", "@2", "@3", "@4", "@5");
   auto row = [](const char* name, const double* v) {
-    std::printf("%-6s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, 100 * v[0], 100 * v[1], 100 * v[2],
-                100 * v[3], 100 * v[4]);
+    say("%-6s %8.2f %8.2f %8.2f %8.2f %8.2f\n", name, 100 * v[0], 100 * v[1], 100 * v[2],
+        100 * v[3], 100 * v[4]);
   };
   row("P", m.precision);
   row("nDCG", m.ndcg);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <set>
 
+#include "console.h"
 #include "progress.h"
 #include "sigint.h"
 
@@ -25,6 +26,7 @@ void on_epoch(void* user, const pooch_epoch_report* rep) {
   Json j = epoch_json(*rep);
   r->epochs.push_back(j);
   Json l = {{"type", "epoch"}};
+  if (r->member > 0) l["member"] = r->member;
   for (auto& [k, v] : j.items()) l[k] = v;
   log_line(r->log, l);
 }
@@ -77,6 +79,7 @@ int run_on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, 
   if (r->log) {
     Json j;
     j["type"] = "step";
+    if (r->member > 0) j["member"] = r->member;
     j["step"] = step;
     j["epoch"] = epoch;
     j["batch"] = batch;
@@ -533,8 +536,7 @@ int hold_out_validation(const TrainFlags& f, double fraction, Data& data, Output
     return out.fail(st, "--valid-fraction");
   std::swap(data.train.p, rest.p);  // `rest` frees the whole set
   std::swap(data.valid.p, valid.p);
-  std::printf(
-      "validation: %lld of %lld training rows held out (--valid-fraction %g) for "
+  say("validation: %lld of %lld training rows held out (--valid-fraction %g) for "
       "reduce-on-plateau and early stopping\n",
       static_cast<long long>(held), static_cast<long long>(sh.rows), fraction);
   out.result()["valid"] = {{"rows", held}, {"fraction", fraction}};
@@ -578,8 +580,9 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   tp.checkpoint_path = ckpt.empty() ? nullptr : ckpt.c_str();
 
   LogFile log_file;
-  if (int rc = open_log(f.log, resume, log_file, out)) return rc;
-  FILE* log = log_file.f;
+  if (!f.log_file)
+    if (int rc = open_log(f.log, resume, log_file, out)) return rc;
+  FILE* log = f.log_file ? f.log_file : log_file.f;
 
   SessionHandle s;
   if (pooch_status st = pooch_session_create(model, &sp, &s.p)) return out.fail(st, "session");
@@ -591,10 +594,11 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   res["optimizer"] = {{"kind", f.optimizer}, {"lr", tidy(f.lr)}, {"epochs", f.epochs}};
   if (f.optimizer != "sgd") res["optimizer"]["eps"] = tidy(f.adam_eps);
 
-  Progress progress(isatty(STDOUT_FILENO) != 0, f.epochs);
+  Progress progress(isatty(STDOUT_FILENO) != 0 && !lines_prefixed(), f.epochs);
   RunState state;
   state.progress = &progress;
   state.log = log;
+  state.member = f.member;
   state.max_steps = f.max_steps;
   tp.on_step = run_on_step;
   tp.on_epoch = on_epoch;
@@ -621,15 +625,14 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   if (st == POOCH_ERR_CANCELLED) {
     const bool by_signal = !state.stopped_by_max;
     res["interrupted"] = true;
-    std::printf("%s at step %lld (epoch %d, batch %lld of %lld) after %.1f s\n",
-                by_signal ? "interrupted" : "stopped (--max-steps)",
-                static_cast<long long>(state.last_step), state.last_epoch,
-                static_cast<long long>(state.last_batch), static_cast<long long>(state.batches),
-                secs);
+    say("%s at step %lld (epoch %d, batch %lld of %lld) after %.1f s\n",
+        by_signal ? "interrupted" : "stopped (--max-steps)",
+        static_cast<long long>(state.last_step), state.last_epoch,
+        static_cast<long long>(state.last_batch), static_cast<long long>(state.batches), secs);
     if (!ckpt.empty()) {
       res["checkpoint"] = ckpt;
-      std::printf("checkpoint written to %s\nresume with: %s\n", ckpt.c_str(),
-                  resume_command(ckpt).c_str());
+      say("checkpoint written to %s\nresume with: %s\n", ckpt.c_str(),
+          resume_command(ckpt).c_str());
       res["resume_command"] = resume_command(ckpt);
     }
     return by_signal ? kInterrupted : kOk;
@@ -637,12 +640,12 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   if (st != POOCH_OK)
     return out.fail(st, resume ? "training on " + data.train_source : std::string("training"));
   res["interrupted"] = false;
-  std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
+  say("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
   if (data.test.p && epoch_eval != data.test.p) {  // the epochs did not see it: once, now
     pooch_metrics m{};
     if (pooch_status st2 = pooch_evaluate(s.p, data.test.p, data.train.p, tp.psp_a, tp.psp_b, &m))
       return out.fail(st2, "evaluating on " + data.test_source);
-    std::printf("test (%s), after the last epoch:\n", data.test_source.c_str());
+    say("test (%s), after the last epoch:\n", data.test_source.c_str());
     print_metrics_table(m);
     res["final"] = metrics_json(m);
   }
@@ -651,7 +654,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   if (save) {
     if (pooch_status st2 = pooch_session_save(s.p, f.out.c_str()))
       return out.fail(st2, "saving " + f.out);
-    std::printf("model written to %s (checkpoint: %s)\n", f.out.c_str(), ckpt.c_str());
+    say("model written to %s (checkpoint: %s)\n", f.out.c_str(), ckpt.c_str());
     res["out"] = f.out;
     res["checkpoint"] = ckpt;
   }

@@ -103,6 +103,11 @@ struct TrainFlags {
   // reduce-on-plateau or early stopping reads them; the test set is then
   // evaluated once, after the last epoch).
   bool eval_each_epoch = true;
+  // An ensemble member (not flags): its number from 1 (0: not a member),
+  // which tags its --log lines, and the log file the ensemble opened once
+  // for all its members (nullptr: the run opens `log` itself).
+  int member = 0;
+  FILE* log_file = nullptr;
   // Whether reduce-on-plateau or early stopping reads the per-epoch figures.
   bool evaluation_decides() const { return plateau_patience > 0 || early_stop > 0; }
 
@@ -169,6 +174,7 @@ struct RunState {
   int64_t last_step = 0;
   int last_epoch = 0;
   int64_t last_batch = 0, batches = 0;
+  int member = 0;  // an ensemble member's number: its --log lines say it
   Json epochs = Json::array();
 };
 // pooch_train_params.on_step for a RunState: progress, a --log line, and

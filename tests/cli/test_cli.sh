@@ -634,6 +634,21 @@ if paste -d'|' ens.pred m5.pred m6.pred | awk -F'|' '
       for (i = 1; i <= n; i++) { split(e[i], p, ":"); d = p[2] - s[p[1]] / 2
         if (d > 1e-3 || d < -1e-3) { print "row " NR " label " p[1] ": " p[2] " vs " s[p[1]] / 2; bad = 1; exit 1 } } }
     END { exit bad }'; then pass ens-mean-of-members; else fail ens-mean-of-members; fi
+# With two threads the two members train at once, one thread each: the same
+# bits as one after the other with one thread (ens.pooch above), their lines
+# prefixed, their --log lines whole and tagged with the member.
+expect ens-at-once 0 "$RUN" train "${ENS[@]}" --ensemble 2 --seed 5 --out ens2.pooch --log ens2.jsonl \
+  --json --threads 2 --device cpu
+contains ens-at-once-json ens-at-once.out '"members_at_once":2'
+contains ens-one-at-a-time-json ens-train.out '"members_at_once":1'
+cmp -s ens.pooch ens2.pooch && pass ens-at-once-same-model || fail "ens-at-once-same-model: ens2.pooch differs from ens.pooch"
+contains ens-at-once-member1 ens-at-once.out '^member 1: epoch 2/2 '
+contains ens-at-once-member2 ens-at-once.out '^member 2: trained [0-9]+ steps'
+if [ "$(grep -c '"type":"epoch","member":1,' ens2.jsonl)" = 2 ] &&
+  [ "$(grep -c '"type":"epoch","member":2,' ens2.jsonl)" = 2 ] &&
+  python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1])]' ens2.jsonl; then
+  pass ens-at-once-log
+else fail "ens-at-once-log: ens2.jsonl lacks either member's two epochs, or has a torn line"; fi
 expect ens-bottleneck 1 "$RUN" train --data data --ensemble 2 --bottleneck 8 --out x.pooch "${T[@]}"
 contains ens-bottleneck-message ens-bottleneck.err 'ensemble: members merge into one model only'
 expect ens-resume 1 "$RUN" train --data data --ensemble 2 --resume ens.pooch --out x.pooch "${T[@]}"
