@@ -590,6 +590,43 @@ struct Search {
     return better(timed, cur) ? timed : cur;
   }
 
+  // Swapped activations whose copy is mostly the link's latency (bytes /
+  // bandwidth below it: a batch normalisation's mean and variance, a few
+  // hundred bytes) hold each copy stream for a latency apiece, delaying the
+  // large copies behind them, and save next to no memory. The stall
+  // attributed to each is small, so the local search below would not try
+  // them first: they are kept together, smallest first, as many as fit
+  // (the longest prefix that fits and is faster, by bisection).
+  Candidate keep_latency_bound(Candidate cur) {
+    const double bw = std::min(profile.link.h2d_bandwidth, profile.link.d2h_bandwidth);
+    std::vector<size_t> small;
+    for (size_t i = 0; i < saved.size(); ++i)
+      if (!cur.residency.empty() &&
+          cur.residency[static_cast<size_t>(saved[i].tensor)] == Residency::swap &&
+          static_cast<double>(saved[i].bytes) / bw < profile.link.latency)
+        small.push_back(i);
+    std::stable_sort(small.begin(), small.end(),
+                     [&](size_t a, size_t b) { return saved[a].bytes < saved[b].bytes; });
+    auto prefix = [&](size_t k) {
+      std::vector<Residency> v = cur.residency;
+      for (size_t j = 0; j < k; ++j)
+        v[static_cast<size_t>(saved[small[j]].tensor)] = Residency::keep;
+      return v;
+    };
+    size_t lo = 0, hi = small.size() + 1;  // prefix lo is cur; hi is not better (or past the end)
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      Candidate c = evaluate(prefix(mid), cur.lead, cur.lag);
+      if (better(c, cur)) {
+        lo = mid;
+        cur = std::move(c);
+      } else {
+        hi = mid;
+      }
+    }
+    return cur;
+  }
+
   // Local search: moves that may make the plan faster, the largest expected
   // gain first (keep a swapped or recomputed activation when the live bytes
   // allow it; recompute a swapped one whose copies stall for longer than its
@@ -711,7 +748,7 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
         }
       }
       s.remake_unsaved = best.remake_unsaved;
-      if (best.fits) best = s.improve(std::move(best));
+      if (best.fits) best = s.improve(s.keep_latency_bound(std::move(best)));
       break;
     }
   }
