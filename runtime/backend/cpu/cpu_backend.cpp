@@ -16,7 +16,7 @@
 #include "../../../kernels/common/util.h"
 #include "../../../kernels/cpu/cpu_kernels.h"
 #include "../../core/error.h"
-#include "denormals.h"
+#include "../denormals.h"
 
 namespace pooch {
 

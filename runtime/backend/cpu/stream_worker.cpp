@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "../../core/error.h"
-#include "denormals.h"
+#include "../denormals.h"
 
 namespace pooch::cpu {
 

@@ -18,6 +18,7 @@
 #include "../../../kernels/cuda/cuda_kernels.h"
 #include "../../../kernels/cuda/cuda_libs.h"
 #include "../../core/error.h"
+#include "../denormals.h"
 
 #ifndef POOCH_CUDA_ARCHS
 #define POOCH_CUDA_ARCHS "?"
@@ -94,6 +95,8 @@ struct HostCall {
 
 void CUDART_CB run_host_call(void* p) {
   auto* c = static_cast<HostCall*>(p);
+  // The CUDA runtime's thread: flushing denormals for this call only.
+  ScopedFlushDenormals flush;
   try {
     c->kernel->fn(c->args);
   } catch (const std::exception& e) {

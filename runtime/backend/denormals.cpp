@@ -5,7 +5,7 @@
 #endif
 #include <cstdint>
 
-namespace pooch::cpu {
+namespace pooch {
 
 #if defined(__x86_64__) || defined(__i386__)
 namespace {
@@ -52,4 +52,4 @@ void set_float_mode(FloatMode) {}
 void flush_denormals_on_this_thread() {}
 #endif
 
-}  // namespace pooch::cpu
+}  // namespace pooch

@@ -1,20 +1,22 @@
-// Denormal floats on the threads the CPU backend owns.
+// Denormal floats in the host kernels pooch runs.
 //
 // An x86 core takes a microcode assist, about a hundred cycles, for each
 // arithmetic operation on a denormal (below 1.2e-38) operand or result. In
 // training they arrive late and quietly: gradients and momenta shrink as a
 // model fits and a cosine schedule's rate goes to zero, and a Debtags member
 // spent 57% of its last epochs in the SGD update, its epochs slowing from 1.0
-// to 2.5 s (docs/BENCHMARKS.md, "Denormals"). So the backend's stream
+// to 2.5 s (docs/BENCHMARKS.md, "Denormals"). So the CPU backend's stream
 // threads compute with denormals flushed to zero (FTZ: results; DAZ:
 // inputs), as GPUs' fast paths and torch.set_flush_denormal(True) do, and so
 // do the OpenMP teams they start and the OpenBLAS threads a backend starts
-// (new threads inherit the creating thread's setting). The host's own
-// threads keep theirs: the library never changes the caller's floating-point
+// (new threads inherit the creating thread's setting); the CUDA backend's
+// host kernels (optimizer updates where paged state lives) flush for the
+// length of each call, on the CUDA runtime's thread. The host's own threads
+// keep theirs: the library never changes the caller's floating-point
 // environment.
 #pragma once
 
-namespace pooch::cpu {
+namespace pooch {
 
 // The calling thread's control word, so that it can be put back.
 struct FloatMode {
@@ -40,4 +42,4 @@ class ScopedFlushDenormals {
   FloatMode saved_;
 };
 
-}  // namespace pooch::cpu
+}  // namespace pooch
