@@ -176,9 +176,15 @@ def run_debtags(pooch_run, threads, work, pecos_python, env):
         eps = pj.get("epochs", [])
         ev = pj.get("final") or (eps[-1]["eval"] if eps else {})
         prec, psp = ev.get("precision", []), ev.get("psp", [])
+        # An ensemble (the default here) reports its members' epochs under
+        # "members" and its training's wall clock as "seconds" (members that
+        # train at once count once).
+        members = pj.get("members", [])
+        train_s = pj["seconds"] if members else sum(e["seconds"] for e in eps)
+        n_epochs = len(members[0].get("epochs", [])) if members else len(eps)
         row["pooch"].update({
-            "s_epoch": sum(e["seconds"] for e in eps) / max(len(eps), 1),
-            "train_s": sum(e["seconds"] for e in eps),
+            "s_epoch": train_s / max(n_epochs, 1),
+            "train_s": train_s,
             **{f"p{k}": prec[k - 1] for k in (1, 3, 5) if len(prec) >= k},
             **{f"psp{k}": psp[k - 1] for k in (1, 3, 5) if len(psp) >= k},
         })
