@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -101,6 +102,10 @@ void check_order(const kern::KernelArgs& a) {
   ++*next;
 }
 
+void sleep_100us(const kern::KernelArgs&) {
+  std::this_thread::sleep_for(100us);
+}
+
 // out[0][t] = in[0][t] * 0.5 on OpenMP team thread t (two of them): with
 // in[0] the smallest normal float the exact result is denormal.
 void halve_in_team(const kern::KernelArgs& a) {
@@ -115,6 +120,7 @@ const kern::KernelVariant kAddOne{"test_add_one", "test", add_one, nullptr, true
 const kern::KernelVariant kThrows{"test_throws", "test", throws_error, nullptr, true};
 const kern::KernelVariant kThrowsOther{"test_throws_other", "test", throws_other, nullptr, true};
 const kern::KernelVariant kCheckOrder{"test_check_order", "test", check_order, nullptr, true};
+const kern::KernelVariant kSleep100us{"test_sleep_100us", "test", sleep_100us, nullptr, true};
 const kern::KernelVariant kHalveInTeam{"test_halve_in_team", "test", halve_in_team, nullptr, true};
 
 std::unique_ptr<Backend> backend_with_arena(size_t arena = kMiB, size_t pool = kMiB) {
@@ -223,6 +229,23 @@ TEST(CpuBackend, CopyWithoutAWaitRunsAndCompletes) {
     const auto v = static_cast<uint8_t>(dst[i]);
     ASSERT_TRUE(v == 0x11 || v == 0xCD) << "byte " << i << " is " << int{v};
   }
+}
+
+// A host syncing a stream sleeps until the stream has run what was queued,
+// and is woken then, not after each task: 200 short kernels cost it a few
+// context switches, not two each (the host's voluntary switches, counted by
+// the kernel for its thread).
+TEST(CpuBackend, SyncWakesTheHostOnceNotAfterEveryTask) {
+  auto b = backend_with_arena();
+  const kern::KernelArgs none;
+  for (int i = 0; i < 200; ++i) b->launch(Stream::compute, kSleep100us, none);
+  rusage before{}, after{};
+  ASSERT_EQ(getrusage(RUSAGE_THREAD, &before), 0);
+  b->stream_sync(Stream::compute);
+  ASSERT_EQ(getrusage(RUSAGE_THREAD, &after), 0);
+  const long switches = after.ru_nvcsw - before.ru_nvcsw;
+  std::printf("the host's voluntary context switches in one sync of 200 kernels: %ld\n", switches);
+  EXPECT_LE(switches, 20);
 }
 
 TEST(CpuBackend, EventsChainAllThreeStreams) {

@@ -1,5 +1,6 @@
 #include "stream_worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -63,7 +64,12 @@ void StreamWorker::push(const Task& t) {
 void StreamWorker::sync() {
   std::unique_lock lock(mu_);
   const uint64_t target = pushed_;
-  progressed_.wait(lock, [&] { return finished_ >= target; });
+  while (finished_ < target) {
+    // Every waiter registers again after each wake-up (the worker clears
+    // wake_at_ when it wakes them), so the smallest target stands.
+    wake_at_ = std::min(wake_at_, target);
+    progressed_.wait(lock);
+  }
   if (!failed_) return;
   failed_ = false;
   const pooch_status code = error_code_;
@@ -89,11 +95,16 @@ void StreamWorker::run() {
     }
     not_full_.notify_one();
     if (!skip) execute(t);
+    bool wake = false;
     {
       std::lock_guard lock(mu_);
       ++finished_;
+      if (finished_ >= wake_at_) {
+        wake_at_ = UINT64_MAX;
+        wake = true;
+      }
     }
-    progressed_.notify_all();
+    if (wake) progressed_.notify_all();
   }
 }
 
