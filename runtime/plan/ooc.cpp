@@ -627,8 +627,33 @@ struct Search {
         hi = mid;
       }
     }
-    return cur;
+    if (lo == small.size()) return cur;
+    // Where the arena is at the budget, not all of them fit. Room for all:
+    // one kept activation recomputed instead, of the kMakeRoomTries that
+    // cost the least recompute time per byte and hold at least the bytes
+    // still swapped; the fastest plan that fits stands if it beats `cur`.
+    size_t rest = 0;
+    for (size_t j = lo; j < small.size(); ++j) rest += saved[small[j]].bytes;
+    std::vector<std::pair<double, size_t>> room;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      const SavedActivation& sa = saved[i];
+      if (sa.gradient || !sa.recomputable || sa.bytes < rest ||
+          cur.residency[static_cast<size_t>(sa.tensor)] != Residency::keep)
+        continue;
+      room.emplace_back(producer_seconds(sa) / static_cast<double>(sa.bytes), i);
+    }
+    std::sort(room.begin(), room.end());
+    const std::vector<Residency> all_kept = prefix(small.size());
+    Candidate best = std::move(cur);
+    for (size_t k = 0; k < std::min(room.size(), kMakeRoomTries); ++k) {
+      std::vector<Residency> v = all_kept;
+      v[static_cast<size_t>(saved[room[k].second].tensor)] = Residency::recompute;
+      Candidate c = evaluate(std::move(v), best.lead, best.lag);
+      if (better(c, best)) best = std::move(c);
+    }
+    return best;
   }
+  static constexpr size_t kMakeRoomTries = 8;
 
   // Local search: moves that may make the plan faster, the largest expected
   // gain first (keep a swapped or recomputed activation when the live bytes
