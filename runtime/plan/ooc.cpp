@@ -516,6 +516,29 @@ struct Search {
     return evaluate(r, 1, 0);
   }
 
+  // Keeps the longest prefix of `order` (indices into `saved`) on top of
+  // `cur`'s plan that still fits and simulates no slower, by bisection
+  // (keeping more never needs less memory): log2(n) plans instead of n.
+  // `cur` becomes that plan; returns the prefix's length.
+  size_t keep_longest_prefix(Candidate& cur, const std::vector<size_t>& order) {
+    const std::vector<Residency> from = cur.residency;
+    size_t lo = 0, hi = order.size() + 1;  // prefix lo stands; hi does not (or is past the end)
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      std::vector<Residency> v = from;
+      for (size_t i = 0; i < mid; ++i)
+        v[static_cast<size_t>(saved[order[i]].tensor)] = Residency::keep;
+      Candidate c = evaluate(std::move(v), cur.lead, cur.lag);
+      if (c.fits && c.sim.seconds <= cur.sim.seconds * 1.0000001 + 1e-12) {
+        lo = mid;
+        cur = std::move(c);
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
+
   // PoocH's search: all swapped; then kept, latest made first, while the plan
   // fits; then recomputed where the recompute costs less than the stall its
   // copies cause, smallest ratio first; prefetch timing last.
@@ -525,28 +548,8 @@ struct Search {
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return saved[a].producer > saved[b].producer; });
-    // Keep, latest made first, while the plan fits: the longest prefix of
-    // that order that fits, by bisection (keeping more never needs less
-    // memory), log2(n) plans instead of n.
-    if (cur.fits) {
-      auto prefix = [&](size_t k) {
-        std::vector<Residency> v = all(Residency::swap);
-        for (size_t i = 0; i < k; ++i)
-          v[static_cast<size_t>(saved[order[i]].tensor)] = Residency::keep;
-        return v;
-      };
-      size_t lo = 0, hi = order.size() + 1;  // prefix lo fits; hi does not (or is past the end)
-      while (hi - lo > 1) {
-        const size_t mid = lo + (hi - lo) / 2;
-        Candidate c = evaluate(prefix(mid), cur.lead, cur.lag);
-        if (c.fits && c.sim.seconds <= cur.sim.seconds * 1.0000001 + 1e-12) {
-          lo = mid;
-          cur = std::move(c);
-        } else {
-          hi = mid;
-        }
-      }
-    }
+    // Keep, latest made first, while the plan fits: the longest prefix of that order.
+    if (cur.fits) (void)keep_longest_prefix(cur, order);
     // Recompute: the swapped activations whose copies stall the compute
     // stream, smallest ratio of recompute time to stall first (PoocH flips
     // them one at a time, O(n^2) simulations). Here the k smallest are
@@ -607,26 +610,12 @@ struct Search {
         small.push_back(i);
     std::stable_sort(small.begin(), small.end(),
                      [&](size_t a, size_t b) { return saved[a].bytes < saved[b].bytes; });
-    auto prefix = [&](size_t k) {
-      std::vector<Residency> v = cur.residency;
-      for (size_t j = 0; j < k; ++j)
-        v[static_cast<size_t>(saved[small[j]].tensor)] = Residency::keep;
-      return v;
-    };
     // Keeping one removes two copies and adds no work, so a prefix that fits
     // and simulates no slower stands: a few seldom move the simulated step
     // (its stalls come from the large copies), many free the copy streams.
-    size_t lo = 0, hi = small.size() + 1;  // prefix lo stands; hi does not (or is past the end)
-    while (hi - lo > 1) {
-      const size_t mid = lo + (hi - lo) / 2;
-      Candidate c = evaluate(prefix(mid), cur.lead, cur.lag);
-      if (c.fits && c.sim.seconds <= cur.sim.seconds * 1.0000001 + 1e-12) {
-        lo = mid;
-        cur = std::move(c);
-      } else {
-        hi = mid;
-      }
-    }
+    std::vector<Residency> all_kept = cur.residency;
+    for (size_t j : small) all_kept[static_cast<size_t>(saved[j].tensor)] = Residency::keep;
+    const size_t lo = keep_longest_prefix(cur, small);
     if (lo == small.size()) return cur;
     // Where the arena is at the budget, not all of them fit. Room for all:
     // one kept activation recomputed instead, of the kMakeRoomTries that
@@ -643,7 +632,6 @@ struct Search {
       room.emplace_back(producer_seconds(sa) / static_cast<double>(sa.bytes), i);
     }
     std::sort(room.begin(), room.end());
-    const std::vector<Residency> all_kept = prefix(small.size());
     Candidate best = std::move(cur);
     for (size_t k = 0; k < std::min(room.size(), kMakeRoomTries); ++k) {
       std::vector<Residency> v = all_kept;
