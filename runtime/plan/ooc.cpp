@@ -613,8 +613,6 @@ struct Search {
     // Keeping one removes two copies and adds no work, so a prefix that fits
     // and simulates no slower stands: a few seldom move the simulated step
     // (its stalls come from the large copies), many free the copy streams.
-    std::vector<Residency> all_kept = cur.residency;
-    for (size_t j : small) all_kept[static_cast<size_t>(saved[j].tensor)] = Residency::keep;
     const size_t lo = keep_longest_prefix(cur, small);
     if (lo == small.size()) return cur;
     // Where the arena is at the budget, not all of them fit. Room for all:
@@ -632,6 +630,8 @@ struct Search {
       room.emplace_back(producer_seconds(sa) / static_cast<double>(sa.bytes), i);
     }
     std::sort(room.begin(), room.end());
+    std::vector<Residency> all_kept = cur.residency;  // the prefix's, and the rest kept too
+    for (size_t j : small) all_kept[static_cast<size_t>(saved[j].tensor)] = Residency::keep;
     Candidate best = std::move(cur);
     for (size_t k = 0; k < std::min(room.size(), kMakeRoomTries); ++k) {
       std::vector<Residency> v = all_kept;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "latency_bound.h"
 #include "runtime/core/error.h"
 #include "runtime/core/op_registry.h"
 #include "runtime/models/build.h"
@@ -207,16 +208,7 @@ TEST(Machine, AutoMakesRoomToKeepLatencyBoundActivations) {
     c.strategy = st;
     Session s(build_model(spec), c);
     EXPECT_TRUE(s.out_of_core().active);
-    const Schedule& sc = *s.schedule(ProgramKind::train_step);
-    const LinkModel& link = s.profile().link;
-    Plan p;
-    for (const SavedActivation& sa : saved_activations(s.graph(), s.train_request()))
-      if (sc.residency[static_cast<size_t>(sa.tensor)] == Residency::swap &&
-          static_cast<double>(sa.bytes) / std::min(link.h2d_bandwidth, link.d2h_bandwidth) <
-              link.latency)
-        ++p.latency_bound_swaps;
-    p.seconds = s.out_of_core().predicted_seconds;
-    return p;
+    return Plan{latency_bound_swaps(s), s.out_of_core().predicted_seconds};
   };
   const Plan greedy = plan(Strategy::pooch_greedy);
   const Plan best = plan(Strategy::automatic);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "latency_bound.h"
 #include "runtime/core/error.h"
 #include "runtime/models/build.h"
 #include "runtime/plan/planner.h"
@@ -325,14 +326,7 @@ TEST(OutOfCore, AutoKeepsActivationsWhoseCopiesAreMostlyLatency) {
     oc.strategy = st;
     Session s(build_model(resnet_spec(50)), oc);
     EXPECT_TRUE(s.out_of_core().active);
-    const Schedule& sc = *s.schedule(ProgramKind::train_step);
-    Plan p;
-    for (const SavedActivation& sa : saved_activations(s.graph(), s.train_request()))
-      if (sc.residency[static_cast<size_t>(sa.tensor)] == Residency::swap &&
-          static_cast<double>(sa.bytes) / oc.link_bandwidth < oc.link_latency)
-        ++p.latency_bound_swaps;
-    p.seconds = s.out_of_core().predicted_seconds;
-    return p;
+    return Plan{latency_bound_swaps(s), s.out_of_core().predicted_seconds};
   };
   const Plan greedy = plan(Strategy::pooch_greedy);
   const Plan best = plan(Strategy::automatic);
