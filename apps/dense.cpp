@@ -560,6 +560,14 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
   int64_t steps = 0;
   double best = INFINITY;
   int since_best = 0;
+  // With early stopping on held-out rows, the model written is the epoch
+  // whose validation loss was the lowest, as stopping implies (the epochs
+  // after it only waited for an improvement that did not come): each new
+  // best is written to --out when it is reached, and the last epoch's
+  // weights replace it only if they are the best.
+  const bool keep_best = tf.early_stop > 0 && !valid.empty();
+  int best_epoch = 0;  // the epoch whose weights --out holds (0: none yet)
+  Json best_valid;
   bool stopped = false, by_signal = false;
   int last_epoch = 0;
   int64_t last_batch = 0;
@@ -627,6 +635,12 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
       if (improved) {
         best = score;
         since_best = 0;
+        if (keep_best) {
+          if (pooch_status st = pooch_session_save(s.p, tf.out.c_str()))
+            return out.fail(st, "saving " + tf.out);
+          best_epoch = epoch;
+          best_valid = eval_json(ev, d.classes);
+        }
       } else {
         ++since_best;
       }
@@ -676,11 +690,24 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
                 secs);
   else
     std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(steps), secs);
-  if (pooch_status st = pooch_session_save(s.p, tf.out.c_str()))
-    return out.fail(st, "saving " + tf.out);
-  std::printf(
-      "model written to %s%s\n", tf.out.c_str(),
-      stopped ? " (as trained so far; dense models have no checkpoint to resume from)" : "");
+  // A run stopped within an epoch writes the weights as they are: there is
+  // no validation loss to prefer another epoch's by.
+  const int last_epoch_done = static_cast<int>(epochs.size());
+  if (stopped || !keep_best || best_epoch == last_epoch_done || best_epoch == 0) {
+    if (pooch_status st = pooch_session_save(s.p, tf.out.c_str()))
+      return out.fail(st, "saving " + tf.out);
+    std::printf(
+        "model written to %s%s\n", tf.out.c_str(),
+        stopped ? " (as trained so far; dense models have no checkpoint to resume from)" : "");
+    res["written_epoch"] = stopped ? Json() : Json(last_epoch_done);
+  } else {
+    std::printf(
+        "model written to %s: the weights of epoch %d, whose validation loss was the lowest "
+        "(the %d epochs after it did not improve on it)\n",
+        tf.out.c_str(), best_epoch, last_epoch_done - best_epoch);
+    res["written_epoch"] = best_epoch;
+    res["final"] = best_valid;
+  }
   res["out"] = tf.out;
   return by_signal ? kInterrupted : kOk;
 }

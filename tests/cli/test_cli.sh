@@ -357,6 +357,30 @@ else
   fail "train-mlp-valid-loss-falls: $(epoch_field train-mlp.out 1 7) -> $(epoch_field train-mlp.out 8 7)"
 fi
 
+# Early stopping writes the epoch whose validation loss was the lowest, not
+# the last (120 rows, 12 held out, a wide layer: the held-out loss rises
+# after a few epochs): the same bits as a run of just that many epochs.
+expect synth-small 0 "$RUN" synth --kind classification --rows 120 --features 4 --outputs 3 --out cls120
+expect train-best 0 "$RUN" train --data cls120/X.npy --targets cls120/Y.npy --hidden 256 --epochs 300 \
+  --lr 0.05 --out best.pooch --json "${T[@]}"
+best_epoch=$(json_last train-best.out | grep -Eo '"written_epoch": ?[0-9]+' | grep -Eo '[0-9]+$')
+last_epoch=$(grep -Ec '^epoch [0-9]+/300  loss ' train-best.out)
+if [ -n "$best_epoch" ] && [ "$best_epoch" -lt "$last_epoch" ]; then
+  pass "train-best: epoch $best_epoch written of $last_epoch"
+else
+  fail "train-best: written epoch '$best_epoch', last epoch '$last_epoch'"
+fi
+contains train-best-message train-best.out \
+  "^model written to best\.pooch: the weights of epoch $best_epoch, whose validation loss was the lowest"
+expect train-upto-best 0 "$RUN" train --data cls120/X.npy --targets cls120/Y.npy --hidden 256 \
+  --epochs "${best_epoch:-1}" --early-stop 0 --lr 0.05 --out upto.pooch "${T[@]}"
+if cmp -s best.pooch upto.pooch; then pass train-best-is-that-epoch; else fail train-best-is-that-epoch; fi
+# Without early stopping the last epoch is written, improved or not.
+expect train-no-stop 0 "$RUN" train --data cls120/X.npy --targets cls120/Y.npy --hidden 256 \
+  --epochs "$last_epoch" --early-stop 0 --lr 0.05 --out last.pooch "${T[@]}"
+if ! cmp -s best.pooch last.pooch; then pass train-no-stop-writes-the-last; else
+  fail train-no-stop-writes-the-last; fi
+
 # Classification from the model flags (softmax, as the targets are class ids).
 expect train-cls 0 "$RUN" train --data cls/X.npy --targets cls/Y.npy --hidden 32 --batch 50 --epochs 10 \
   --lr 0.01 --out cls.pooch "${T[@]}"
