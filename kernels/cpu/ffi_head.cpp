@@ -28,12 +28,15 @@
 // are combined in slice order, so the result is bitwise the same for any
 // thread count.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <type_traits>
 
 #include "../common/supports.h"
@@ -46,12 +49,35 @@ namespace {
 
 // A call's row block (its "width"): the batch rounded up to 16, 32, 64 or
 // 128 rows, and 128 past that (docs/BENCHMARKS.md, "The fused fixed fan-in
-// output layer": wider was faster, up to the 128 measured).
+// output layer": wider was faster, up to the 128 measured), or 64 where a
+// block of 64 rows of hT and dhT (2 x H x 64 floats) fits the core's L2
+// cache and one of 128 does not: each label reads random rows of both, and
+// from L2 rather than L3 a step at B=128, H=4096, L=670 091 took 0.28 s
+// instead of 0.39 s on a Xeon with 2 MiB of L2 (on an AMD EPYC with 512 KiB
+// neither fits, and 128 rows ran fastest). The choice never changes the
+// results: every sum across rows (dw, db, the loss) is formed per group of
+// kGroup rows, in the same order at either width. POOCH_FFI_BLOCK_ROWS=64 or
+// 128 sets it (for tests that compare the two).
 constexpr int64_t kMaxWidth = 128;
-int64_t width_of(int64_t batch) {
+constexpr int64_t kGroup = 64;
+size_t l2_bytes() {
+  static const size_t bytes = [] {
+    const long n = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return n > 0 ? static_cast<size_t>(n) : size_t{0};
+  }();
+  return bytes;
+}
+int64_t width_of(int64_t batch, int64_t hidden) {
   int64_t w = 16;
   while (w < kMaxWidth && w < batch) w *= 2;
-  return w;
+  if (w < kMaxWidth) return w;
+  if (const char* e = std::getenv("POOCH_FFI_BLOCK_ROWS"))
+    return std::string_view(e) == "64" ? kGroup : kMaxWidth;
+  const auto block_bytes = [&](int64_t rows) {
+    return 2 * static_cast<size_t>(hidden * rows) * sizeof(float);
+  };
+  return block_bytes(kGroup) <= l2_bytes() && block_bytes(kMaxWidth) > l2_bytes() ? kGroup
+                                                                                  : kMaxWidth;
 }
 constexpr size_t kAlign = 64;
 
@@ -67,8 +93,8 @@ int planned_slots() {
   return kMaxSlots;
 }
 
-int64_t padded(int64_t batch) {
-  const int64_t w = width_of(batch);
+int64_t padded(int64_t batch, int64_t hidden) {
+  const int64_t w = width_of(batch, hidden);
   return (batch + w - 1) / w * w;
 }
 
@@ -103,14 +129,21 @@ struct Layer {
   int64_t batch, hidden, labels, fan_in;
   int64_t bw, bp;  // the row block's width; the batch padded to whole blocks
   int64_t blocks() const { return bp / bw; }
+  int64_t groups() const { return (bp + kGroup - 1) / kGroup; }  // of kGroup rows
 };
 
 template <class I>
 Layer<I> layer_of(const KernelArgs& a) {
-  return {a.in[0].as<float>(),     a.in[1].as<I>(),  a.in[2].as<float>(),
-          a.in[3].as<float>(),     a.in[0].shape[0], a.in[0].shape[1],
-          a.in[1].shape[0],        a.in[1].shape[1], width_of(a.in[0].shape[0]),
-          padded(a.in[0].shape[0])};
+  return {a.in[0].as<float>(),
+          a.in[1].as<I>(),
+          a.in[2].as<float>(),
+          a.in[3].as<float>(),
+          a.in[0].shape[0],
+          a.in[0].shape[1],
+          a.in[1].shape[0],
+          a.in[1].shape[1],
+          width_of(a.in[0].shape[0], a.in[0].shape[1]),
+          padded(a.in[0].shape[0], a.in[0].shape[1])};
 }
 
 // hT[blocks][H][bw] from h[B, H]; rows past B are zero.
@@ -236,12 +269,16 @@ template <int64_t W, class I>
 POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* wl, int64_t fan_in,
                                     const float* g, bool first, float* dwl, float* dbl,
                                     float* dht) {
-  constexpr int64_t kVecs = W / 16;
+  constexpr int64_t kVecs = W / 16, kGroupVecs = kGroup / 16;
   Row16 gv[kVecs];
-  float sb = 0;
+  // Sums over rows, per group of kGroup rows (a block of 128 holds two),
+  // each added in turn: the same bits as two blocks of 64.
+  float sb = 0, sb2 = 0;
   for (int64_t v = 0; v < kVecs; ++v) gv[v] = reinterpret_cast<const Row16*>(g)[v];
-  for (int64_t r = 0; r < W; ++r) sb += g[r];
+  for (int64_t r = 0; r < std::min(W, kGroup); ++r) sb += g[r];
+  for (int64_t r = kGroup; r < W; ++r) sb2 += g[r];
   *dbl = first ? sb : *dbl + sb;
+  if constexpr (W > kGroup) *dbl += sb2;
   for (int64_t k = 0; k < kAhead && k < fan_in; ++k) {
     prefetch_row<W>(ht + int64_t{il[k]} * W, false);
     prefetch_row<W>(dht + int64_t{il[k]} * W, true);
@@ -255,13 +292,17 @@ POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* w
     const Row16* row = reinterpret_cast<const Row16*>(ht + u * W);
     Row16* drow = reinterpret_cast<Row16*>(dht + u * W);
     const Row16 wk = POOCH_SPLAT(wl[k]);
-    Row16 s{};
+    Row16 s{}, s2{};
     for (int64_t v = 0; v < kVecs; ++v) {
-      s += gv[v] * row[v];
+      if (v < kGroupVecs)
+        s += gv[v] * row[v];
+      else
+        s2 += gv[v] * row[v];
       drow[v] += wk * gv[v];
     }
     const float d = lane_sum(s);
     dwl[k] = first ? d : dwl[k] + d;
+    if constexpr (W > kGroup) dwl[k] += lane_sum(s2);
   }
 }
 
@@ -301,16 +342,22 @@ void backward(const Layer<I>& y, const float* ht, int64_t l, const float* g, boo
   });
 }
 
-// A tile of n real rows (the rest padding) with every target 0: the sum of
+// The loss terms of a tile, summed per group of kGroup rows: rows [0, 64)
+// and [64, 128) (`second` is 0 in a tile of 64 rows or fewer).
+struct GroupSums {
+  float first, second;
+};
+
+// A tile of n real rows (the rest padding) with every target 0: the sums of
 // its loss terms and, with G, its gradient times k in g (zero on padding
 // rows). One e^-|z| serves both (at Amazon-670K's training shape the two
 // loops apart took a quarter of a step). The terms are summed 8 lanes at a
-// time and then across the lanes, an order fixed here rather than left to
-// the vectoriser, so that ffi_loss (G false) and ffi_loss_grad (G true) give
-// the same bits.
+// time and then across the lanes, per group of rows, an order fixed here
+// rather than left to the vectoriser, so that ffi_loss (G false) and
+// ffi_loss_grad (G true) give the same bits, at either block width.
 template <bool G>
-POOCH_VEC_CLONES float tile_absent(const float* z, int64_t n, int64_t bw, Loss kind, float k,
-                                   float* g) {
+POOCH_VEC_CLONES GroupSums tile_absent(const float* z, int64_t n, int64_t bw, Loss kind, float k,
+                                       float* g) {
   alignas(32) float terms[kMaxWidth];
   if (kind == Loss::bce) {
 #pragma omp simd
@@ -334,9 +381,18 @@ POOCH_VEC_CLONES float tile_absent(const float* z, int64_t n, int64_t bw, Loss k
     for (int64_t r = n; r < bw; ++r) g[r] = 0.0f;
   const int64_t n8 = (n + 7) / 8 * 8;
   for (int64_t r = n; r < n8; ++r) terms[r] = 0.0f;
-  Vec8 acc{};
-  for (int64_t r = 0; r < n8; r += 8) acc += *reinterpret_cast<const Vec8*>(terms + r);
-  return lane_sum(acc);
+  Vec8 acc{}, acc2{};
+  for (int64_t r = 0; r < std::min(n8, kGroup); r += 8)
+    acc += *reinterpret_cast<const Vec8*>(terms + r);
+  for (int64_t r = kGroup; r < n8; r += 8) acc2 += *reinterpret_cast<const Vec8*>(terms + r);
+  return {lane_sum(acc), n8 > kGroup ? lane_sum(acc2) : 0.0f};
+}
+
+// Adds a tile's group sums to the call's per-group loss sums (`sums` at the
+// tile's first group).
+inline void add_groups(double* sums, const GroupSums& t, int64_t bw) {
+  sums[0] += t.first;
+  if (bw > kGroup) sums[1] += t.second;
 }
 
 // One logit's loss term for target t (bce or squared hinge).
@@ -414,10 +470,11 @@ struct Scratch {
   double* s_part;  // [nt, bp] softmax running sum
   double* lse;     // [bp]
   double* part;    // [nt] loss partial sums
+  double* gsum;    // [nt, groups] loss sums per group of kGroup rows
 };
 
 Scratch carve(const KernelArgs& a, bool grad, int nt, void* base, size_t* bytes = nullptr) {
-  const int64_t hidden = a.in[0].shape[1], bp = padded(a.in[0].shape[0]);
+  const int64_t hidden = a.in[0].shape[1], bp = padded(a.in[0].shape[0], hidden);
   const int64_t m = a.n_in > 5 ? a.in[5].shape[0] : 0;
   Carver c{static_cast<char*>(base)};
   Scratch s{};
@@ -430,6 +487,7 @@ Scratch carve(const KernelArgs& a, bool grad, int nt, void* base, size_t* bytes 
   s.s_part = c.take<double>(nt * bp);
   s.lse = c.take<double>(bp);
   s.part = c.take<double>(nt);
+  s.gsum = c.take<double>(nt * ((bp + kGroup - 1) / kGroup));
   if (bytes) *bytes = c.used;
   return s;
 }
@@ -475,6 +533,13 @@ double xent_total(const Layer<I>& y, const int32_t* lptr, const Scratch& s, int6
   return total;
 }
 
+// A slice's loss: its groups' sums added in row order.
+double group_total(const double* sums, int64_t groups) {
+  double total = 0;
+  for (int64_t i = 0; i < groups; ++i) total += sums[i];
+  return total;
+}
+
 // The slices' loss sums added in slice order, over the batch.
 float mean_loss(double total, const Scratch& s, int nt, int64_t batch) {
   for (int t = 0; t < nt; ++t) total += s.part[t];
@@ -507,21 +572,24 @@ void loss_fwd(const KernelArgs& a) {
       int64_t lo, hi;
       label_range(y.labels, nt, t, &lo, &hi);
       float* z = s.z + t * kMaxWidth;
-      double sum = 0;
+      double* sums = s.gsum + t * y.groups();
+      std::fill(sums, sums + y.groups(), 0.0);
       for (int64_t b = 0; b < y.blocks(); ++b) {
         const float* hb = s.ht + b * y.hidden * y.bw;
         const int64_t n = rows_in(y.batch, y.bw, b);
         int64_t p = first_pair(s.pairs, np, b, lo);
         for (int64_t l = lo; l < hi; ++l) {
           logits(y, hb, l, z);
-          sum += tile_absent<false>(z, n, y.bw, kind, 0.0f, nullptr);
+          add_groups(sums + b * y.bw / kGroup, tile_absent<false>(z, n, y.bw, kind, 0.0f, nullptr),
+                     y.bw);
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
             const float x = z[s.pairs[p].row - b * y.bw];
-            sum += static_cast<double>(term(x, 1.0f, kind)) - term(x, 0.0f, kind);
+            sums[s.pairs[p].row / kGroup] +=
+                static_cast<double>(term(x, 1.0f, kind)) - term(x, 0.0f, kind);
           }
         }
       }
-      s.part[t] = sum;
+      s.part[t] = group_total(sums, y.groups());
     }
   }
   *out = mean_loss(total, s, nt, y.batch);
@@ -559,7 +627,8 @@ void loss_grad(const KernelArgs& a) {
     float* g = s.g + t * kMaxWidth;
     float* dht = s.dht + t * y.hidden * y.bp;
     std::memset(dht, 0, static_cast<size_t>(y.hidden * y.bp) * sizeof(float));
-    double sum = 0;  // the slice's loss terms, summed as loss_fwd sums them
+    double* sums = s.gsum + t * y.groups();  // the slice's loss terms, as loss_fwd sums them
+    std::fill(sums, sums + y.groups(), 0.0);
     for (int64_t b = 0; b < y.blocks(); ++b) {
       const float* hb = s.ht + b * y.hidden * y.bw;
       float* dhb = dht + b * y.hidden * y.bw;
@@ -575,17 +644,18 @@ void loss_grad(const KernelArgs& a) {
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p)
             g[s.pairs[p].row - r0] -= k;
         } else {
-          sum += tile_absent<true>(z, n, y.bw, kind, k, g);
+          add_groups(sums + r0 / kGroup, tile_absent<true>(z, n, y.bw, kind, k, g), y.bw);
           for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
             const int64_t r = s.pairs[p].row - r0;
-            sum += static_cast<double>(term(z[r], 1.0f, kind)) - term(z[r], 0.0f, kind);
+            sums[s.pairs[p].row / kGroup] +=
+                static_cast<double>(term(z[r], 1.0f, kind)) - term(z[r], 0.0f, kind);
             g[r] = k * grad_of(z[r], 1.0f, kind);
           }
         }
         backward(y, hb, l, g, b == 0, dw, db, dhb);
       }
     }
-    s.part[t] = sum;
+    s.part[t] = group_total(sums, y.groups());
   }
   if (loss)
     *loss = mean_loss(kind == Loss::xent ? xent_total(y, lptr, s, np) : 0.0, s, nt, y.batch);
@@ -625,7 +695,7 @@ inline void insert(float v, int64_t l, float* bv, int32_t* bi, int64_t& n, int64
 
 // hT, one logit tile per thread, and per thread and row a running top k.
 size_t topk_bytes(const KernelArgs& a, int nt) {
-  const int64_t hidden = a.in[0].shape[1], bp = padded(a.in[0].shape[0]);
+  const int64_t hidden = a.in[0].shape[1], bp = padded(a.in[0].shape[0], hidden);
   const int64_t k = a.out[0].shape[1];
   Carver c{nullptr};
   c.take<float>(hidden * bp);

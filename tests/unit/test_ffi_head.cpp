@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "formats/xmc_data.h"
@@ -132,6 +133,43 @@ TEST_P(FusedHead, ATrainStepTakesItsLossFromTheGradientOp) {
     EXPECT_EQ(std::memcmp(&evaluated, &trained, sizeof trained), 0)
         << "step " << step << ": " << evaluated << " evaluated, " << trained << " trained";
   }
+}
+
+// The CPU kernels take rows in blocks of 64 or 128 (64 where that fits the
+// L2 cache and 128 does not; POOCH_FFI_BLOCK_ROWS sets it): every sum across
+// rows is formed per 64 rows at either width, so the losses and weights are
+// the same bits. A batch of 150 (three blocks of 64 or two of 128, the last
+// padded) and a short last batch.
+TEST_P(FusedHead, RowBlocksOf64And128TrainTheSameBits) {
+  constexpr int64_t kBig = 150, kSteps = 3;
+  const XmcDataset d = planted(kSteps * kBig);
+  struct Run {
+    std::vector<float> losses, weight, bias, input_weight;
+    size_t arena = 0;
+  };
+  auto run = [&](const char* rows) {
+    setenv("POOCH_FFI_BLOCK_ROWS", rows, 1);
+    ModelSpec sp = spec(GetParam(), true);
+    sp.run.batch = kBig;
+    XmcSession s(build_xmc_model(sp), two_threads());
+    Run r;
+    r.arena = s.session().memory_plan().peak;
+    for (int64_t step = 0; step < kSteps; ++step)
+      r.losses.push_back(
+          s.train_step(batch_of(d, step * kBig, step == kSteps - 1 ? kBig - 7 : kBig)));
+    r.weight = floats(s, "head.weight");
+    r.bias = floats(s, "head.bias");
+    r.input_weight = floats(s, "fc0.weight");
+    unsetenv("POOCH_FFI_BLOCK_ROWS");
+    return r;
+  };
+  const Run a = run("64"), b = run("128");
+  EXPECT_NE(a.arena, b.arena);  // the widths did differ (192 and 256 padded rows)
+  for (float l : a.losses) ASSERT_TRUE(std::isfinite(l));
+  EXPECT_EQ(std::memcmp(a.losses.data(), b.losses.data(), a.losses.size() * 4), 0);
+  EXPECT_EQ(a.weight, b.weight);
+  EXPECT_EQ(a.bias, b.bias);
+  EXPECT_EQ(a.input_weight, b.input_weight);
 }
 
 // ffi_loss_grad gives the loss only when asked (with_loss = 1, as the
