@@ -307,17 +307,23 @@ TEST(OutOfCore, RecomputedReluOutputsRemakeTheirBatchNormalisation) {
 // nothing. pooch-greedy (PoocH's own search: kept latest first) swaps some
 // of them in this bottleneck ResNet at 0.385 of its in-core arena (its plan
 // is also where auto starts); auto keeps them, and its plan is faster.
-TEST(OutOfCore, AutoKeepsActivationsWhoseCopiesAreMostlyLatency) {
+// Plan-only sessions of the bottleneck ResNet over a slow link with a long
+// latency (1 GB/s, 1 ms a copy), at `share` of its in-core train arena.
+SessionConfig slow_link_plans(double share) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 1;
   cfg.plan_only = true;
   Session in_core(build_model(resnet_spec(50)), cfg);
-  SessionConfig oc = cfg;
-  oc.link_bandwidth = 1e9;
-  oc.link_latency = 1e-3;
-  oc.device_memory =
-      static_cast<size_t>(0.385 * static_cast<double>(in_core.out_of_core().in_core_arena));
+  cfg.link_bandwidth = 1e9;
+  cfg.link_latency = 1e-3;
+  cfg.device_memory =
+      static_cast<size_t>(share * static_cast<double>(in_core.out_of_core().in_core_arena));
+  return cfg;
+}
+
+TEST(OutOfCore, AutoKeepsActivationsWhoseCopiesAreMostlyLatency) {
+  SessionConfig oc = slow_link_plans(0.385);
   struct Plan {
     int latency_bound_swaps = 0;
     double seconds = 0;
@@ -344,15 +350,7 @@ TEST(OutOfCore, AutoKeepsActivationsWhoseCopiesAreMostlyLatency) {
 // activations, and one with part of it paged keeps them (before, 4.85 MB
 // planned 0.378 s where 4.8 MB, paging, planned 0.058 s).
 TEST(OutOfCore, AutoPagesWhereThatPlansAFasterStep) {
-  SessionConfig cfg;
-  cfg.device = DeviceKind::cpu;
-  cfg.threads = 1;
-  cfg.plan_only = true;
-  Session in_core(build_model(resnet_spec(50)), cfg);
-  SessionConfig oc = cfg;
-  oc.link_bandwidth = 1e9;
-  oc.link_latency = 1e-3;
-  oc.device_memory = in_core.out_of_core().in_core_arena * 2 / 3;
+  SessionConfig oc = slow_link_plans(2.0 / 3);
   auto plan = [&](Strategy st, int max_paging) {
     oc.strategy = st;
     oc.max_paging = max_paging;
