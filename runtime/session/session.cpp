@@ -296,7 +296,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // the next level is planned too, and the fastest kept (ties go to paging
   // less). Below that slowdown the copies paging adds leave little to win,
   // and each level plans the step some 16 times more (ResNet-50 for a GTX
-  // 1650 at 1.04x: 66 ms of planning, 430 ms with every level tried).
+  // 1650 at 1.04x: 66 ms of planning, 430 ms with the paging levels too).
   // Updates move to the host (level 3) only to fit: on the CPU backend they
   // share the cores the step runs on, which the simulator's separate host
   // timeline does not see. The named strategies page only to fit.
