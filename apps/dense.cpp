@@ -691,15 +691,19 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
   else
     std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(steps), secs);
   // A run stopped within an epoch writes the weights as they are: there is
-  // no validation loss to prefer another epoch's by.
+  // no validation loss to prefer another epoch's by. Otherwise, with
+  // keep_best, --out already holds the best epoch's.
   const int last_epoch_done = static_cast<int>(epochs.size());
-  if (stopped || !keep_best || best_epoch == last_epoch_done || best_epoch == 0) {
+  if (stopped || !keep_best || best_epoch == 0) {
     if (pooch_status st = pooch_session_save(s.p, tf.out.c_str()))
       return out.fail(st, "saving " + tf.out);
     std::printf(
         "model written to %s%s\n", tf.out.c_str(),
         stopped ? " (as trained so far; dense models have no checkpoint to resume from)" : "");
     res["written_epoch"] = stopped ? Json() : Json(last_epoch_done);
+  } else if (best_epoch == last_epoch_done) {
+    std::printf("model written to %s\n", tf.out.c_str());
+    res["written_epoch"] = best_epoch;
   } else {
     std::printf(
         "model written to %s: the weights of epoch %d, whose validation loss was the lowest "
