@@ -113,8 +113,10 @@ int run_plan(PlanOpts& o) {
   std::printf("  in core         arena %s, predicted step %s s\n", format_bytes(in_core).c_str(),
               fmt_double("%.4g", t0).c_str());
   if (plan.value("out_of_core", false))
-    std::printf("  out of core     strategy %s (%d plans tried)\n",
-                plan.value("strategy", std::string("?")).c_str(), plan.value("plans_tried", 0));
+    std::printf(
+        "  out of core     strategy %s (%d plans tried in its search; planning took %s s)\n",
+        plan.value("strategy", std::string("?")).c_str(), plan.value("plans_tried", 0),
+        fmt_double("%.3g", plan.value("planning_seconds", 0.0)).c_str());
   else
     std::printf("  fits in core    nothing swapped or recomputed\n");
   std::printf(

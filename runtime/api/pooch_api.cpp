@@ -500,7 +500,8 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"host_launches", sc.host_launches},
            {"host_update_copy_bytes", sc.host_update_copy_bytes},
            {"plans_tried", r.plans_tried},
-           {"plan_seconds", r.plan_seconds}};
+           {"plan_seconds", r.plan_seconds},
+           {"planning_seconds", r.planning_seconds}};
   if (const pooch::Machine* m = ss.machine()) {
     doc["machine"] = {{"name", m->name},
                       {"file", m->file},

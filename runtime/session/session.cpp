@@ -322,6 +322,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       host_update[t] = l == 3 && r == Role::weight;
     }
   };
+  const auto planning_start = std::chrono::steady_clock::now();
   for (;; ++level) {
     try {
       plan_all(paged, host_update);
@@ -372,6 +373,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     ooc_.in_core_arena = in_core_arena;
     ooc_.predicted_in_core = in_core_seconds;
   }
+  ooc_.planning_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - planning_start).count();
   if (const Schedule* ts = schedule(ProgramKind::train_step); ts && ts->paged_bytes) {
     ooc_.active = true;
     ooc_.paged_bytes = ts->paged_bytes;

@@ -84,6 +84,9 @@ struct OutOfCoreReport {
   double predicted_in_core = 0;  // the same for the in-core step
   int plans_tried = 0;
   double plan_seconds = 0;  // wall time of the out-of-core search (the last one)
+  // Wall time of all the session's planning: every paging level and count
+  // tried, each with its search (what a caller waits for before a step).
+  double planning_seconds = 0;
 };
 
 // One program compiled for this session.
