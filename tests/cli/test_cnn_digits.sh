@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# A small ResNet (resnet-18 with 16 base channels and the small stem) trained
+# A small ResNet (resnet-18 with 32 base channels and the small stem) trained
 # on scikit-learn's handwritten digits (tests/data/make_digits.py: 1437
 # training and 360 test images of 8x8) through pooch-run train, eval and
-# predict: at least 96% top-1 accuracy on the test images, which training
-# never sees. The figure moves with the CPU: oneDNN picks its convolution
-# kernels by the vector ISA, their sums round differently, and 20 epochs of
-# SGD carry that into other weights. On one AMD EPYC (Zen 3) machine:
-# 96.94% with AVX2 (its native ISA), 99.17% with ONEDNN_MAX_CPU_ISA=AVX and
-# 97.78% with SSE41 (349, 357 and 352 of the 360 images); 96% is 346.
+# predict: at least 97% top-1 accuracy on the test images, which training
+# never sees (the issue's figure). The figure moves with the CPU: oneDNN
+# picks its convolution kernels by the vector ISA, their sums round
+# differently, and SGD carries that into other weights. The recipe was
+# chosen on five validation folds of the training images under four ISAs
+# (docs/BENCHMARKS.md, "The digits recipe again"): fold means 98.3-98.7%,
+# where the earlier one (16 channels, 20 epochs at a constant 0.01, which
+# this test asked 96% of) gave 96.2-98.0%; on the test images 98.3-98.9%
+# under AVX-512, AVX2, AVX and SSE4.1 on a Xeon (97% is 350 of 360).
 # Also: image sets' errors and the normalisation recorded in the model.
 # Usage: test_cnn_digits.sh PATH/TO/pooch-run PATH/TO/tests/data
 set -uo pipefail
@@ -48,12 +51,12 @@ TRAIN=(--data "$DATA/digits_train_x.npy" --targets "$DATA/digits_train_y.npy")
 TEST=(--data "$DATA/digits_test_x.npy" --targets "$DATA/digits_test_y.npy")
 
 start=$(date +%s.%N)
-# Chosen on the held-out tenth of the training file (SGD 0.01 with weight
-# decay and 1-pixel crops: the unregularised runs reach 100% on the training
-# images and wander by a few points from epoch to epoch).
-expect train 0 "$RUN" train "${TRAIN[@]}" --spec "$DATA/resnet_digits.json" --epochs 20 \
-  --batch 32 --optimizer sgd --lr 0.01 --weight-decay 5e-4 --crop-pad 1 --early-stop 0 \
-  --seed 3 --valid-fraction 0.1 --out digits.pooch "${T[@]}" --json
+# SGD with weight decay and 1-pixel crops (unregularised runs reach 100% on
+# the training images and wander by a few points from epoch to epoch), the
+# rate down a cosine from 0.02 over 30 epochs.
+expect train 0 "$RUN" train "${TRAIN[@]}" --spec "$DATA/resnet_digits.json" --epochs 30 \
+  --batch 32 --optimizer sgd --lr 0.02 --lr-schedule cosine --weight-decay 5e-4 --crop-pad 1 \
+  --early-stop 0 --seed 3 --valid-fraction 0.1 --out digits.pooch "${T[@]}" --json
 end=$(date +%s.%N)
 echo "     training took $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
 contains "train: the spec records the input and normalisation" train.out \
@@ -63,10 +66,10 @@ expect eval 0 "$RUN" eval --model digits.pooch "${TEST[@]}" "${T[@]}" --json
 acc=$(json_num accuracy eval.out)
 top5=$(json_num top5 eval.out)
 echo "     test accuracy $acc, top-5 $top5"
-if [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a >= 0.96) }'; then
-  pass "test accuracy $acc >= 0.96"
+if [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a >= 0.97) }'; then
+  pass "test accuracy $acc >= 0.97"
 else
-  fail "test accuracy '$acc' < 0.96"
+  fail "test accuracy '$acc' < 0.97"
   tail -3 eval.out | sed 's/^/    | /'
 fi
 if [ -n "$top5" ] && awk -v a="$top5" -v b="$acc" 'BEGIN { exit !(a >= b && a <= 1) }'; then
