@@ -3,7 +3,8 @@
 // 1/2, 1/3 and 1/5 of the in-core step's arena (below the weights and
 // optimizer state, the session pages them to the host pool), each as a
 // ratio to the in-core step time, with the simulator's prediction against
-// the measured time and the planning time.
+// the measured time and the planning time (all the session's planning: every
+// paging level and count it tries, each with its search).
 //
 // The link is a GTX 1650's PCIe 3.0 x16 (about 12 GB/s each way, 10 us per
 // copy) scaled by this CPU's compute rate relative to that card (2.9 TFLOPS
@@ -314,7 +315,7 @@ int main(int argc, char** argv) {
                 strategy_name(st), fmt::format("{}1/{:.0f}", activations ? "a" : "", 1 / keep),
                 s.memory_plan().peak / 1048576.0, r.swapped_bytes / 1048576.0,
                 r.recomputed_bytes / 1048576.0, r.paged_bytes / 1048576.0, t * 1e3, t / t_in,
-                (predicted - t) / t * 100, r.plan_seconds * 1e3);
+                (predicted - t) / t * 100, r.planning_seconds * 1e3);
           } catch (const Error& e) {
             fmt::print("{:<16} {:>9} does not fit: {}\n", strategy_name(st),
                        fmt::format("{}1/{:.0f}", activations ? "a" : "", 1 / keep), e.what());
