@@ -297,9 +297,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // less). Below that slowdown the copies paging adds leave little to win,
   // and each level plans the step some 16 times more (ResNet-50 for a GTX
   // 1650 at 1.04x: 66 ms of planning, 430 ms with the paging levels too).
-  // Updates move to the host (level 3) only to fit: on the CPU backend they
-  // share the cores the step runs on, which the simulator's separate host
-  // timeline does not see. The named strategies page only to fit.
+  // Only the first level is tried so: the paging decisions are made from
+  // the estimated profile and stay when a measured one replans the
+  // activations, so each level that is not needed to fit is a bet on that
+  // estimate (weights paged too, or updates on the host, which on the CPU
+  // backend share the cores the step runs on, which the simulator's separate
+  // host timeline does not see). The named strategies page only to fit.
   constexpr double kTryPagingAbove = 1.10;
   struct Fitted {
     std::vector<char> paged, host_update;
@@ -333,7 +336,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       if (level > 0) page_fewer(level);
       if (!fastest || ooc_.predicted_seconds < fastest->seconds)
         fastest = Fitted{paged, host_update, ooc_.predicted_seconds, level};
-      if (level >= std::min(last_level, 2) || !budget_ || !trains ||
+      if (level >= std::min(last_level, 1) || !budget_ || !trains ||
           cfg.strategy != Strategy::automatic ||
           fastest->seconds <= in_core_seconds * kTryPagingAbove)
         break;
