@@ -572,6 +572,7 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
   int last_epoch = 0;
   int64_t last_batch = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  auto last_step_end = t0;  // a --log step line's "seconds" is the wall time from it
   {
     SigintGuard guard;
     for (int epoch = 1; epoch <= tf.epochs && !stopped; ++epoch) {
@@ -605,6 +606,9 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
         sum += static_cast<double>(loss) * static_cast<double>(rows);
         seen += rows;
         progress.step(steps, loss, epoch, batch, per_epoch);
+        const auto now = std::chrono::steady_clock::now();
+        const double step_seconds = std::chrono::duration<double>(now - last_step_end).count();
+        last_step_end = now;
         if (log) {
           Json j;
           j["type"] = "step";
@@ -613,6 +617,7 @@ int train_dense(ModelHandle& model, DenseData& d, const DenseTrainFlags& df, con
           j["batch"] = batch;
           j["batches"] = per_epoch;
           j["loss"] = tidy(loss);
+          j["seconds"] = step_seconds;
           std::fprintf(log, "%s\n", j.dump().c_str());
         }
         last_epoch = epoch;

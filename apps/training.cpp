@@ -76,6 +76,9 @@ int run_on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, 
   r->last_batch = batch;
   r->batches = batches;
   r->progress->step(step, loss, epoch, batch, batches);
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - r->last_step_end).count();
+  r->last_step_end = now;
   if (r->log) {
     Json j;
     j["type"] = "step";
@@ -85,6 +88,7 @@ int run_on_step(void* user, int64_t step, float loss, int epoch, int64_t batch, 
     j["batch"] = batch;
     j["batches"] = batches;
     j["loss"] = tidy(loss);
+    j["seconds"] = seconds;
     std::fprintf(r->log, "%s\n", j.dump().c_str());
   }
   if (sigint_received()) return 0;

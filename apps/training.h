@@ -2,6 +2,7 @@
 // training flags, and the run itself (session, pooch_train with progress,
 // the JSONL log, Ctrl-C, the checkpoint, the final model).
 #pragma once
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -176,6 +177,10 @@ struct RunState {
   int64_t last_batch = 0, batches = 0;
   int member = 0;  // an ensemble member's number: its --log lines say it
   Json epochs = Json::array();
+  // When the last step ended (the first: when the run began): a --log step
+  // line's "seconds" is the wall time from it, what a step costs as seen
+  // from the host (the loss is read back, so the device has finished it).
+  std::chrono::steady_clock::time_point last_step_end = std::chrono::steady_clock::now();
 };
 // pooch_train_params.on_step for a RunState: progress, a --log line, and
 // stop on Ctrl-C or the step cap.

@@ -3,7 +3,7 @@
 # runs on a lent GPU machine, whose system libraries differ from ours and
 # where nothing can be installed, and packs them into one archive:
 #
-#   build-device/dist/pooch-device.tar.gz, which holds
+#   build-device/dist/pooch-device.tar.xz, which holds
 #     bin/           pooch-opcheck, test_cuda_backend, pooch-bench-cuda, pooch-run
 #     lib/           every shared library they need that is neither glibc/libstdc++
 #                    nor a CUDA library (libpooch, fmt, mimalloc, libgomp, ...):
@@ -15,8 +15,10 @@
 #
 # Packed because unpacked they would not travel: the device tool carries at
 # most 64 MiB with the working tree, and the binaries (OpenBLAS linked
-# statically into pooch-opcheck and libpooch) are about 60 MiB; gzip makes
-# them a fraction of that. run.sh unpacks the archive into a temporary folder.
+# statically into pooch-opcheck and libpooch) are about 170 MiB, most of it
+# the same code four times (each test binary links the kernels statically)
+# and oneDNN. gzip's 32 KiB window sees none of the repetition (47 MiB); xz
+# with a 64 MiB dictionary does (13 MiB, about a minute to pack). run.sh unpacks the archive into a temporary folder.
 #
 # Static where available (-Dprefer_static=true: OpenBLAS, libgfortran). The
 # CUDA runtime is always linked statically (cudart_static); cuBLAS and
@@ -34,7 +36,7 @@ cd "$(dirname "$0")/../.."
 BUILD=${POOCH_DEVICE_BUILD:-build-device}
 DIST=$BUILD/dist
 STAGE=$BUILD/dist-stage
-ARCHIVE=pooch-device.tar.gz
+ARCHIVE=pooch-device.tar.xz
 TARGETS=(tests/pooch-opcheck tests/test_cuda_backend bench/pooch-bench-cuda apps/pooch-run)
 LIMIT_MIB=40  # what the archive may take of the device tool's 64 MiB
 
@@ -101,7 +103,7 @@ done
 } > "$STAGE/BUILD.txt"
 cp "$STAGE/BUILD.txt" "$DIST/BUILD.txt"
 
-tar -C "$STAGE" -czf "$DIST/$ARCHIVE" bin lib lib-fallback BUILD.txt
+tar -C "$STAGE" -cf - bin lib lib-fallback BUILD.txt | xz -9e -T"${JOBS:-1}" > "$DIST/$ARCHIVE"
 rm -rf "$STAGE"
 size=$(du -m "$DIST/$ARCHIVE" | cut -f1)
 du -sh "$DIST"

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# tests/device/gpt_ooc.sh — out-of-core training on a real GPU, called by
+# run.sh: a GPT-2 124M-shaped model (byte vocabulary, context 1024, batch 8,
+# random weights) trains STEPS steps on Genesis through pooch-run on CUDA,
+# first in core, then with the arena capped at 1/3 and 1/5 of the in-core
+# arena (auto, and pooch-greedy at 1/3). For each run: the plan (strategy,
+# arena, predicted step against predicted in core), the measured step time
+# (median of the --log lines' "seconds" past the first two steps, which hold
+# the profile and the plan) and whether the model written is byte for byte
+# the in-core one (the planner's promise: the same weights as in core).
+#
+# usage: gpt_ooc.sh BIN_DIR WORK_DIR STEPS   (prints a table; exit 1 when a run
+#        fails or a model differs from the in-core one)
+set -uo pipefail
+BIN=$1
+WORK=$2
+STEPS=${3:-12}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+mkdir -p "$WORK"
+# The environment can change the model and device, to try the script on the
+# CPU: POOCH_GPT_OOC_SPEC (a gpt spec file), _CONTEXT, _DEVICE.
+SPEC=${POOCH_GPT_OOC_SPEC:-$WORK/gpt2-bytes.json}
+[ -n "${POOCH_GPT_OOC_SPEC:-}" ] || echo '{"family": "gpt", "size": "gpt2", "vocab_size": 256}' > "$SPEC"
+COMMON=(train --spec "$SPEC" --data "$ROOT/apps/data/kjv-genesis.txt" --bytes
+        --device "${POOCH_GPT_OOC_DEVICE:-cuda}" --batch 8 --context "${POOCH_GPT_OOC_CONTEXT:-1024}"
+        --steps "$STEPS" --valid-fraction 0 --warmup 2 --lr 3e-4 --seed 7 --json)
+
+# One run: NAME, then extra flags. Writes $WORK/NAME.{pooch,jsonl,json,txt}.
+run_one() {
+  local name=$1
+  shift
+  "$BIN/pooch-run" "${COMMON[@]}" --out "$WORK/$name.pooch" --log "$WORK/$name.jsonl" "$@" \
+    > "$WORK/$name.txt" 2>&1
+  local rc=$?
+  grep -E '^\{' "$WORK/$name.txt" | tail -n 1 > "$WORK/$name.json"
+  rm -f "$WORK/$name.pooch.ckpt"  # 1.5 GB of weights and Adam moments we do not read
+  return $rc
+}
+
+# A run's row: strategy, arena, budget, predicted/measured step, same bits.
+row_of() {
+  python3 - "$WORK" "$1" "$2" <<'EOF'
+import json, statistics, sys
+work, name, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    j = json.load(open(f"{work}/{name}.json"))
+except Exception:
+    j = {}
+m = j.get("memory", {}) if isinstance(j.get("memory"), dict) else {}
+secs = []
+try:
+    for l in open(f"{work}/{name}.jsonl"):
+        o = json.loads(l)
+        if o.get("type") == "step" and "seconds" in o:
+            secs.append(o["seconds"])
+except Exception:
+    pass
+steady = statistics.median(secs[2:]) if len(secs) > 2 else float("nan")
+gib = lambda b: b / 2**30 if isinstance(b, (int, float)) else float("nan")
+print(f"{name:<16} rc={rc} {m.get('strategy', 'in core'):<13} arena {gib(m.get('arena_bytes')):6.3f} GiB"
+      f"  budget {gib(m.get('budget')):7.3f} GiB  step {steady*1e3:8.1f} ms"
+      f"  first {secs[0] if secs else float('nan'):6.2f} s"
+      f"  predicted {m.get('predicted_step_seconds', float('nan'))*1e3:8.1f} ms"
+      f" (in core {m.get('predicted_in_core_seconds', float('nan'))*1e3:8.1f} ms)"
+      f"  swapped {gib(m.get('swapped_bytes', 0)):.2f} GiB recomputed {gib(m.get('recomputed_bytes', 0)):.2f} GiB"
+      f" paged {gib(m.get('paged_bytes', 0)):.2f} GiB")
+print(f"  {name} step seconds: " + " ".join(f"{s:.4f}" for s in secs))
+open(f"{work}/{name}.ms", "w").write(f"{steady*1e3:.1f}")
+EOF
+}
+
+STATUS=0
+run_one incore
+rc=$?
+row_of incore $rc
+if [ $rc -ne 0 ]; then
+  tail -n 5 "$WORK/incore.txt"
+  exit 1
+fi
+ARENA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["memory"]["arena_bytes"])' \
+  "$WORK/incore.json" 2>/dev/null)
+if [ -z "$ARENA" ]; then
+  echo "gpt_ooc: the in-core run's --json line has no memory.arena_bytes"
+  exit 1
+fi
+for spec in "third:3:auto" "fifth:5:auto" "third-greedy:3:pooch-greedy"; do
+  IFS=: read -r name div strategy <<< "$spec"
+  run_one "$name" --device-memory $((ARENA / div)) --strategy "$strategy"
+  rc=$?
+  row_of "$name" $rc
+  if [ $rc -ne 0 ]; then
+    STATUS=1
+    tail -n 3 "$WORK/$name.txt"
+  elif cmp -s "$WORK/incore.pooch" "$WORK/$name.pooch"; then
+    echo "  $name: model byte for byte the in-core one"
+  else
+    STATUS=1
+    echo "  $name: model DIFFERS from the in-core one"
+  fi
+  rm -f "$WORK/$name.pooch"
+done
+# The last line, which run.sh's table shows: each run's step against in core.
+base=$(cat "$WORK/incore.ms")
+line="summary: in core $base ms/step"
+for name in third fifth third-greedy; do
+  [ -f "$WORK/$name.ms" ] || continue
+  line="$line; $name $(python3 -c 'import sys; print("%.2fx" % (float(sys.argv[1]) / float(sys.argv[2])))' \
+    "$(cat "$WORK/$name.ms")" "$base" 2>/dev/null)"
+done
+echo "$line"
+exit $STATUS
