@@ -99,10 +99,12 @@ struct Mover {
       std::memcpy(static_cast<std::byte*>(dst) + off, pool, m);
     }
   }
+  // The tensor's bytes as T: a tensor of v's dtype, or its raw bytes
+  // (T = std::byte, bytes_of(v) of them, not numel: the run-twice compare).
   template <class T>
   std::vector<T> fetch(const TensorView& v) {
-    std::vector<T> out(static_cast<size_t>(v.numel()));
-    down(out.data(), v.data, bytes_of(v));
+    std::vector<T> out(bytes_of(v) / sizeof(T));
+    down(out.data(), v.data, out.size() * sizeof(T));
     return out;
   }
 };
@@ -122,8 +124,7 @@ double time_ms(Backend& be, const KernelVariant& k, const KernelArgs& a) {
     const double one = std::chrono::duration<double, std::milli>(Clock::now() - a0).count();
     per = std::clamp(static_cast<int>(5.0 / std::max(one, 1e-3)), 1, 200);
   }
-  while (t.size() < 5 ||
-         (t.size() < 30 && Clock::now() - start < std::chrono::milliseconds(400))) {
+  while (t.size() < 5 || (t.size() < 30 && Clock::now() - start < std::chrono::milliseconds(400))) {
     const auto a0 = Clock::now();
     for (int i = 0; i < per; ++i) be.launch(Stream::compute, k, a);
     be.stream_sync(Stream::compute);
@@ -201,10 +202,9 @@ struct Bench {
       if (verdict.rfind("FAIL", 0) == 0) ++rep.failures;
       const double ms = time_ms(be, *k, a);
       const double gbs = min_bytes / (ms * 1e6);
-      const std::string row =
-          fmt::format("{:<34} {:<14} {:>9.3f} ms {:>8.1f} GB/s {:>5.1f}% {:>8.1f} GFLOP/s  {}",
-                      what, variant, ms, gbs, copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0,
-                      flops / (ms * 1e6), verdict);
+      const std::string row = fmt::format(
+          "{:<34} {:<14} {:>9.3f} ms {:>8.1f} GB/s {:>5.1f}% {:>8.1f} GFLOP/s  {}", what, variant,
+          ms, gbs, copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0, flops / (ms * 1e6), verdict);
       rep.table.push_back(row);
       rep.line("BENCH " + row);
     } catch (const std::exception& e) {
@@ -289,7 +289,8 @@ struct Bench {
       a.in[3] = tb;
       a.out[0] = alloc(DType::f32, {B, L});
       const double bytes = 4.0 * B * H + isz * L * K + 4.0 * L * K + 4.0 * L + 4.0 * B * L;
-      run("ffi_linear " + tag, "ffi_linear", "gather", a, bytes, flops,
+      run(
+          "ffi_linear " + tag, "ffi_linear", "gather", a, bytes, flops,
           [&](const KernelArgs& r) {
             const std::vector<float> y = mv.fetch<float>(r.out[0]);
             Check c;
@@ -315,7 +316,8 @@ struct Bench {
       a.out[0] = alloc(DType::f32, {L, K});
       a.out[1] = alloc(DType::f32, {L});
       const double bytes = 4.0 * B * L + 4.0 * B * H + isz * L * K + 4.0 * L * K + 4.0 * L;
-      run(fmt::format("ffi_grad_weight {} dy{:.0f}%", tag, dy_density * 100), "ffi_grad_weight",
+      run(
+          fmt::format("ffi_grad_weight {} dy{:.0f}%", tag, dy_density * 100), "ffi_grad_weight",
           "sddmm", a, bytes, flops,
           [&](const KernelArgs& r) {
             const std::vector<float> dw = mv.fetch<float>(r.out[0]);
@@ -342,7 +344,8 @@ struct Bench {
       for (I v : index) ++start[size_t(int64_t(v) + 1)];
       for (int64_t h = 0; h < H; ++h) start[size_t(h + 1)] += start[size_t(h)];
       std::vector<int64_t> slots(index.size()), fill(start.begin(), start.end() - 1);
-      for (size_t s = 0; s < index.size(); ++s) slots[size_t(fill[size_t(index[s])]++)] = int64_t(s);
+      for (size_t s = 0; s < index.size(); ++s)
+        slots[size_t(fill[size_t(index[s])]++)] = int64_t(s);
       for (const char* variant : {"atomic", "deterministic"}) {
         KernelArgs a;
         a.n_in = 3;
@@ -353,7 +356,8 @@ struct Bench {
         a.out[0] = alloc(DType::f32, {B, H});
         a.attrs.set("hidden", double(H));
         const double bytes = 4.0 * B * L + isz * L * K + 4.0 * L * K + 4.0 * B * H;
-        run(fmt::format("ffi_grad_input {} dy{:.0f}%", tag, dy_density * 100), "ffi_grad_input",
+        run(
+            fmt::format("ffi_grad_input {} dy{:.0f}%", tag, dy_density * 100), "ffi_grad_input",
             variant, a, bytes, flops,
             [&](const KernelArgs& r) {
               const std::vector<float> dx = mv.fetch<float>(r.out[0]);
@@ -383,7 +387,8 @@ struct Bench {
       a.out[0] = alloc(DType::f32, {B, k});
       a.out[1] = alloc(DType::i32, {B, k});
       a.attrs.set("k", double(k));
-      run(fmt::format("topk B{} L{} k{}", B, L, k), "topk", "select", a, 4.0 * B * L, 0,
+      run(
+          fmt::format("topk B{} L{} k{}", B, L, k), "topk", "select", a, 4.0 * B * L, 0,
           [&](const KernelArgs& r) {
             const std::vector<int32_t> idx = mv.fetch<int32_t>(r.out[1]);
             int bad = 0;
@@ -391,11 +396,11 @@ struct Bench {
               std::vector<int32_t> order(static_cast<size_t>(L));
               for (int64_t i = 0; i < L; ++i) order[size_t(i)] = int32_t(i);
               const float* row = logits.data() + b * L;
-              std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                                [&](int32_t p, int32_t q) {
-                                  return row[p] != row[q] ? row[p] > row[q] : p < q;
-                                });
-              for (int64_t r2 = 0; r2 < k; ++r2) bad += idx[size_t(b * k + r2)] != order[size_t(r2)];
+              std::partial_sort(
+                  order.begin(), order.begin() + k, order.end(),
+                  [&](int32_t p, int32_t q) { return row[p] != row[q] ? row[p] > row[q] : p < q; });
+              for (int64_t r2 = 0; r2 < k; ++r2)
+                bad += idx[size_t(b * k + r2)] != order[size_t(r2)];
             }
             return bad ? fmt::format("FAIL {} indices differ", bad) : std::string("ok (exact)");
           },
@@ -410,7 +415,8 @@ struct Bench {
       lf.in[0] = tl;
       lf.in[1] = tt;
       lf.out[0] = alloc(DType::f32, {});
-      run(fmt::format("squared_hinge B{} L{}", B, L), "squared_hinge", "cuda", lf, 8.0 * B * L, 0,
+      run(
+          fmt::format("squared_hinge B{} L{}", B, L), "squared_hinge", "cuda", lf, 8.0 * B * L, 0,
           [&](const KernelArgs& r) {
             const std::vector<float> out = mv.fetch<float>(r.out[0]);
             double ref = 0;
@@ -425,7 +431,8 @@ struct Bench {
           true);
       KernelArgs lg = lf;
       lg.out[0] = alloc(DType::f32, {B, L});
-      run(fmt::format("squared_hinge_grad B{} L{}", B, L), "squared_hinge_grad", "cuda", lg,
+      run(
+          fmt::format("squared_hinge_grad B{} L{}", B, L), "squared_hinge_grad", "cuda", lg,
           12.0 * B * L, 0, [&](const KernelArgs&) { return std::string("-"); }, true);
     }
     arena.used = mark;
@@ -473,7 +480,8 @@ struct Bench {
       a.in[3] = tW;
       a.in[4] = tb;
       a.out[0] = alloc(DType::f32, {B, O});
-      run("sparse_linear " + tag, "sparse_linear", variant, a, bytes, 2.0 * nnz * O,
+      run(
+          "sparse_linear " + tag, "sparse_linear", variant, a, bytes, 2.0 * nnz * O,
           [&](const KernelArgs& r) {
             const std::vector<float> y = mv.fetch<float>(r.out[0]);
             Check c;
@@ -502,7 +510,8 @@ struct Bench {
     g.out[1] = alloc(DType::f32, {R, O});
     g.out[2] = alloc(DType::f32, {O});
     g.attrs.set("features", double(F));
-    run("sparse_linear_grad_weight " + tag, "sparse_linear_grad_weight", "sort", g,
+    run(
+        "sparse_linear_grad_weight " + tag, "sparse_linear_grad_weight", "sort", g,
         4.0 * B * O + 8.0 * nnz + 4.0 * nnz * O, 2.0 * nnz * O,
         [&](const KernelArgs& r) {
           const std::vector<int32_t> rows = mv.fetch<int32_t>(r.out[0]);
@@ -580,8 +589,8 @@ int main(int argc, char** argv) {
     ++rep.failures;
   }
   rep.line("");
-  rep.line(fmt::format("{:<34} {:<14} {:>12} {:>13} {:>6} {:>16}  {}", "kernel", "variant",
-                       "time", "min bytes/t", "of cp", "", "check"));
+  rep.line(fmt::format("{:<34} {:<14} {:>12} {:>13} {:>6} {:>16}  {}", "kernel", "variant", "time",
+                       "min bytes/t", "of cp", "", "check"));
   for (const std::string& row : rep.table) rep.line(row);
   rep.line(fmt::format("bench: {} failure(s)", rep.failures));
   if (!out_path.empty())

@@ -11,6 +11,7 @@
 // dK and dV (each row accumulated by its own warp in a fixed order). The lm
 // head runs cuBLAS GEMMs over [rows block × vocabulary chunk] tiles with the
 // softmax statistics updated chunk by chunk.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cub/block/block_scan.cuh>
@@ -75,6 +76,11 @@ bool sgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t
            int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb, bool accumulate,
            float* C, int64_t ldc) {
   const float one = 1.0f, zero = 0.0f;
+  // cuBLAS refuses a leading dimension below 1 even where the matrix is
+  // empty (k = 0: C is then 0, or left as it is when accumulating).
+  lda = std::max<int64_t>(lda, 1);
+  ldb = std::max<int64_t>(ldb, 1);
+  ldc = std::max<int64_t>(ldc, 1);
   const cublasStatus_t st = cuda_libs().cublasSgemm(
       h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &one, A,
       static_cast<int>(lda), B, static_cast<int>(ldb), accumulate ? &one : &zero, C,
@@ -842,11 +848,16 @@ void linear_xent_index(const KernelArgs& a) {
   const int32_t* cls = a.in[2].as<const int32_t>();
   const cudaStream_t s = stream_of(a);
   const bool any = h.rows > 0 && h.V > 0;
-  if (any)
+  if (any) {
     for (int64_t r0 = 0; r0 < h.rows; r0 += h.rb)
       if (!head_block_lse(hd, x, w, cls, h, r0, std::min(h.rb, h.rows - r0), L,
                           a.out[1].as<float>(), s))
         return;
+  } else if (h.rows > 0) {  // no classes: each row's log-sum-exp is 0, as the reference's
+    if (!cuda_ok(cudaMemsetAsync(a.out[1].data, 0, static_cast<size_t>(h.rows) * sizeof(float), s),
+                 "cudaMemsetAsync"))
+      return;
+  }
   head_reduce_kernel<<<1, 256, 0, s>>>(any ? L.terms : nullptr, cls, h.rows, h.V, 1.0,
                                        a.out[0].as<float>(), nullptr);
   launched("head_reduce_kernel");

@@ -97,6 +97,26 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   }
   const PlanOptions po{cfg.deterministic, cfg.blocked_layouts};
   budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
+  // A backend may keep part of the budget for itself (the CUDA backend:
+  // cuBLAS's workspace, allocated beside the arena): the arena is planned in
+  // what it leaves, and a budget named in an error counts that part in.
+  size_t kept_by_backend = 0;
+  if (cfg.device_memory && !cfg.machine) {
+    const size_t usable = backend_->memory_info().budget;
+    if (usable < budget_) {
+      kept_by_backend = budget_ - usable;
+      budget_ = usable;
+    }
+  }
+  auto with_kept = [&](const Error& e) -> Error {
+    const auto* short_by = dynamic_cast<const OutOfBudget*>(&e);
+    if (!kept_by_backend || !short_by) return e;
+    const size_t needed = short_by->needed_bytes() + kept_by_backend;
+    return OutOfBudget(
+        needed, fmt::format("{} (The {} backend keeps {:.2f} MiB of the device budget for itself, "
+                            "so the budget must be at least {} MiB.)",
+                            e.what(), backend_->name(), to_mib(kept_by_backend), mib_ceil(needed)));
+  };
   if (cfg.machine) {
     // Planned for the described card: its roofline and link, its memory.
     if (!cfg.device_memory) budget_ = cfg.machine->usable_memory();
@@ -358,7 +378,8 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         // host keep more on the device when clipping makes every gradient
         // wait for the norm): the error names the smallest budget of all.
         if (short_by && nearest && nearest->needed_bytes() < short_by->needed_bytes())
-          throw *nearest;
+          throw with_kept(*nearest);
+        if (kept_by_backend && short_by) throw with_kept(e);
         throw;
       }
       if (short_by && (!nearest || short_by->needed_bytes() < nearest->needed_bytes()))

@@ -50,7 +50,9 @@ rm -rf "$STAGE" "$DIST"
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$DIST"
 for t in "${TARGETS[@]}"; do
   cp "$BUILD/$t" "$STAGE/bin/"
-  strip --strip-unneeded "$STAGE/bin/$(basename "$t")"
+  # The symbol table stays (a release build has no debug information to
+  # strip): run.sh's backtrace of a crash then names the functions.
+  strip --strip-debug "$STAGE/bin/$(basename "$t")"
 done
 
 # Libraries the GPU machine has in its own (newer) versions: glibc and the
@@ -77,7 +79,7 @@ for t in "${TARGETS[@]}"; do
     fi
     if [ ! -f "$STAGE/lib/$name" ]; then
       cp -L "$path" "$STAGE/lib/$name"
-      case "$name" in libpooch*) strip --strip-unneeded "$STAGE/lib/$name" ;; esac
+      case "$name" in libpooch*) strip --strip-debug "$STAGE/lib/$name" ;; esac
     fi
   done < <(ldd "$BUILD/$t")
 done

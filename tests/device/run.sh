@@ -31,7 +31,10 @@
 #      time and the tool works on this machine
 # A report goes to "$OUT" (summary.txt and one log per step: at most 8 files,
 # as the device tool returns no more), and a short table is printed last.
-# Under 9 minutes in all (each step has a timeout).
+# Under 9 minutes in all (each step has a timeout). POOCH_DEVICE_STEPS (e.g.
+# "4 6") runs only the steps named (1 to 3 always run), to check a fix again
+# in less device time. A binary that crashes is run again under cuda-gdb for
+# a backtrace, appended to its log.
 #
 # usage (device tool): carry ["build-device/dist"], command
 #   bash tests/device/run.sh
@@ -53,6 +56,20 @@ TMPD=$(mktemp -d "${TMPDIR:-/tmp}/pooch-device.XXXXXX") || exit 2
 SYNTH_PID=""
 
 elapsed() { echo $(($(date +%s) - T0)); }
+STEPS=" ${POOCH_DEVICE_STEPS:-4 5 6 7 8} "
+wanted() { [[ "$STEPS" == *" $1 "* ]]; }
+# backtrace LOG BINARY ARGS...: after a crash (exit 128 + signal), the same
+# run under cuda-gdb, its backtrace appended to LOG.
+backtrace() {
+  local log=$1
+  shift
+  local gdb
+  gdb=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null | head -n 1)
+  [ -n "$gdb" ] || { echo "== no cuda-gdb for a backtrace" >> "$log"; return; }
+  echo "== backtrace (cuda-gdb)" >> "$log"
+  timeout 90 "$gdb" -q -batch -ex 'set pagination off' -ex run -ex bt -ex 'info registers rip' \
+    --args "$@" 2>&1 | grep -vE '^\[(New|Thread|Detaching)' | tail -n 60 >> "$log"
+}
 left() { echo $((BUDGET - $(elapsed))); }
 row() { ROWS+=("$(printf '%-20s %-9s %s' "$1" "$2" "$3")"); }
 say() { echo "run.sh [$(elapsed)s] $*"; }
@@ -198,7 +215,7 @@ XMC_SCALE=${POOCH_XMC_SCALE:-0.25}
 XMC_HIDDEN=${POOCH_XMC_HIDDEN:-512}
 XMC_DATA=$TMPD/xmc-data
 XMC_LOG=$TMPD/xmc_synth.txt
-if [ -x "$BIN/pooch-run" ]; then
+if [ -x "$BIN/pooch-run" ] && wanted 7; then
   timeout 240 "$BIN/pooch-run" synth --preset Amazon-670K --scale "$XMC_SCALE" \
     --out "$XMC_DATA" > "$XMC_LOG" 2>&1 &
   SYNTH_PID=$!
@@ -221,7 +238,9 @@ say "test_cuda_backend exit $rc"
 # ---- 4. the kernel checker on CUDA ---------------------------------------------------
 t=$(( $(left) - 230 ))
 [ $t -gt 200 ] && t=200
-if [ $t -lt 30 ]; then
+if ! wanted 4; then
+  :
+elif [ $t -lt 30 ]; then
   row "opcheck cuda" "SKIP" "no time left"
 else
   timeout $t "$BIN/pooch-opcheck" --backend cuda > "$OUT/opcheck_cuda.txt" 2>&1
@@ -244,11 +263,16 @@ fi
 # ---- 5. benchmarks ------------------------------------------------------------------
 t=$(( $(left) - 150 ))
 [ $t -gt 150 ] && t=150
-if [ $t -lt 30 ]; then
+if ! wanted 5; then
+  :
+elif [ $t -lt 30 ]; then
   row "bench" "SKIP" "no time left"
 else
   timeout $t "$BIN/pooch-bench-cuda" > "$OUT/bench_log.txt" 2>&1
   rc=$?
+  if [ $rc -gt 128 ] && [ $rc -ne 137 ]; then
+    backtrace "$OUT/bench_log.txt" "$BIN/pooch-bench-cuda" --quick
+  fi
   case $rc in
     0) row "bench" "ok" "$(grep -m1 '^copy:' "$OUT/bench_log.txt")" ;;
     77) STATUS=1; row "bench" "NO GPU" "$(grep -m1 skipped "$OUT/bench_log.txt")" ;;
@@ -261,7 +285,9 @@ fi
 # ---- 6. out of core on the GPU: GPT-2 124M at 1/3 and 1/5 of its in-core arena ---------
 t=$(( $(left) - 110 ))
 [ $t -gt 150 ] && t=150
-if [ $t -lt 40 ]; then
+if ! wanted 6; then
+  :
+elif [ $t -lt 40 ]; then
   row "gpt out of core" "SKIP" "no time left"
 else
   timeout $t bash tests/device/gpt_ooc.sh "$BIN" "$TMPD/gpt" 12 > "$OUT/gpt_ooc.txt" 2>&1
@@ -279,7 +305,9 @@ fi
 # Amazon-670K's shape (at POOCH_XMC_SCALE), a sparse input layer, the fixed
 # fan-in head (32), the arena capped at 4 GB; the CLI's --json line reports.
 XMC=$OUT/xmc.txt
-if [ -z "$SYNTH_PID" ]; then
+if ! wanted 7; then
+  :
+elif [ -z "$SYNTH_PID" ]; then
   row "xmc epoch" "SKIP" "no pooch-run in the binaries (rebuild with tests/device/build.sh)"
 else
   wait "$SYNTH_PID"
@@ -294,6 +322,16 @@ else
   elif [ $t -lt 30 ]; then
     row "xmc epoch" "SKIP" "no time left"
   else
+    # First the step's profile (each op on the device's clock), for a model
+    # of the shape train makes by default from these flags, so that a slow
+    # epoch shows where its time goes.
+    echo '{"input": {"kind": "sparse"}, "layers": [{"type": "linear", "width": '"$XMC_HIDDEN"', "activation": "relu"}, {"type": "dropout", "p": 0.3}, {"type": "ffi", "fan_in": 32}], "loss": "bce", "batch": '"${POOCH_XMC_BATCH:-32}"', "topk": 5, "seed": 1}' > "$TMPD/xmc-spec.json"
+    echo "== pooch-run profile --spec $(cat "$TMPD/xmc-spec.json")" >> "$XMC"
+    timeout 60 "$BIN/pooch-run" profile --spec "$TMPD/xmc-spec.json" --data "$XMC_DATA" \
+      --device cuda --device-memory 4G --runs 5 >> "$XMC" 2>&1
+    echo "== exit $?" >> "$XMC"
+    t=$(( $(left) - 40 ))
+    [ $t -gt 150 ] && t=150
     XMC_ARGS=(train --data "$XMC_DATA" --device cuda --device-memory 4G --epochs 1
               --hidden "$XMC_HIDDEN" --fan-in 32 --out "$TMPD/xmc.pooch" --json)
     [ -n "${POOCH_XMC_BATCH:-}" ] && XMC_ARGS+=(--batch "$POOCH_XMC_BATCH")
@@ -341,7 +379,9 @@ if [ -z "$SANITIZER" ]; then
     if [ -x "$c" ]; then SANITIZER=$c; break; fi
   done
 fi
-if [ -z "$SANITIZER" ]; then
+if ! wanted 8; then
+  :
+elif [ -z "$SANITIZER" ]; then
   row "memcheck" "SKIP" "compute-sanitizer not found"
 elif [ $t -lt 30 ]; then
   row "memcheck" "SKIP" "no time left"
