@@ -47,7 +47,7 @@ OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 DIST=${POOCH_DIST:-build-device/dist}
 T0=$(date +%s)
-BUDGET=500  # seconds for the whole script, leaving room under 9 minutes
+BUDGET=${POOCH_DEVICE_BUDGET:-500}  # seconds for the whole script, leaving room under 9 minutes
 STATUS=0
 ROWS=()
 # Scratch outside $OUT (only 8 files come back from there): the unpacked
