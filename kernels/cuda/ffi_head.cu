@@ -19,6 +19,7 @@
 //
 // ffi_topk: one block per row; each thread keeps its own top k (k at most
 // kTopK) of the labels it strides over, then thread 0 merges them.
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -204,18 +205,28 @@ __global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int
 }
 
 // Deterministic dh, as the CPU kernel does it: the labels fall into
-// kSlices fixed ranges; thread (s, r) walks slice s's labels in order for row
-// r and adds into its own partial sums part[s][u][r] (one writer per cell);
-// dh_sum then adds the slices in order. No atomics, so the same bits every
-// run, at the price of recomputing the logits once more.
-constexpr int64_t kSlices = 8;
+// `slices` fixed ranges; thread (s, r) walks slice s's labels in order for
+// row r and adds into its own partial sums part[s][u][r] (one writer per
+// cell); dh_sum then adds the slices in order. No atomics, so the same bits
+// every run, at the price of recomputing the logits once more. The threads
+// are slices × rows, so the slices must be many to fill the device: 8 (the
+// first version) made 256 threads at batch 32, and the step of a 167 k-label
+// head took 193 ms on an H200, 99.8% of it here. As many slices as
+// kDhPartialBytes of partial sums allow, 8 to 1024: a function of the shape
+// alone, so the bits do not depend on the device.
+constexpr size_t kDhPartialBytes = size_t{64} << 20;
+
+int64_t dh_slice_count(int64_t batch, int64_t hidden) {
+  const int64_t per_slice = std::max<int64_t>(1, batch * hidden) * int64_t{sizeof(float)};
+  return std::clamp<int64_t>(static_cast<int64_t>(kDhPartialBytes) / per_slice, 8, 1024);
+}
 
 __global__ void dh_slices(Layer y, const int32_t* lptr, const int32_t* lidx, int kind, float scale,
-                          const double* lse, float* part) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < kSlices * y.batch;
+                          const double* lse, int64_t slices, float* part) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < slices * y.batch;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t s = i / y.batch, r = i % y.batch;
-    const int64_t l0 = y.labels * s / kSlices, l1 = y.labels * (s + 1) / kSlices;
+    const int64_t l0 = y.labels * s / slices, l1 = y.labels * (s + 1) / slices;
     float* p = part + s * y.hidden * y.batch;
     for (int64_t l = l0; l < l1; ++l) {
       const float g =
@@ -228,12 +239,13 @@ __global__ void dh_slices(Layer y, const int32_t* lptr, const int32_t* lidx, int
 }
 
 // dh[r, u] = the slices' partial sums, added in slice order.
-__global__ void dh_sum(const float* part, int64_t batch, int64_t hidden, float* dh) {
+__global__ void dh_sum(const float* part, int64_t slices, int64_t batch, int64_t hidden,
+                       float* dh) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch * hidden;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / hidden, u = i % hidden;
     float acc = 0.0f;
-    for (int64_t s = 0; s < kSlices; ++s) acc += part[(s * hidden + u) * batch + r];
+    for (int64_t s = 0; s < slices; ++s) acc += part[(s * hidden + u) * batch + r];
     dh[i] = acc;
   }
 }
@@ -312,13 +324,14 @@ struct Scratch {
 };
 
 // grad: 0 the loss, 1 the gradient with dh by adds, 2 the deterministic
-// gradient (dht holds kSlices partial dh).
+// gradient (dht holds dh_slice_count partial dh).
 Scratch carve(const KernelArgs& a, int grad, std::byte* base, size_t* bytes) {
   const int64_t B = a.in[0].shape[0], H = a.in[0].shape[1];
   Carve c{base};
   Scratch s{};
   s.ht = c.take<float>(static_cast<size_t>(B * H));
-  s.dht = grad ? c.take<float>(static_cast<size_t>(B * H * (grad == 2 ? kSlices : 1))) : nullptr;
+  s.dht = grad ? c.take<float>(static_cast<size_t>(B * H * (grad == 2 ? dh_slice_count(B, H) : 1)))
+               : nullptr;
   s.lse = c.take<double>(static_cast<size_t>(B > 0 ? B : 1));
   s.partial = c.take<double>(kPartials);
   if (bytes) *bytes = c.used;
@@ -389,12 +402,14 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
       y.batch > 0 ? static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(y.batch))
                   : 0.0f;
   const size_t bh = static_cast<size_t>(y.batch * y.hidden) * sizeof(float);
+  const int64_t slices = dh_slice_count(y.batch, y.hidden);
   if (bh > 0) {
     transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
         a.in[0].as<float>(), y.batch, y.hidden, s.ht);
     if (!launched("ffi_loss_grad transpose")) return;
-    if (!cuda_ok(cudaMemsetAsync(s.dht, 0, bh * (deterministic ? kSlices : 1), st),
-                 "cudaMemsetAsync"))
+    if (!cuda_ok(
+            cudaMemsetAsync(s.dht, 0, bh * static_cast<size_t>(deterministic ? slices : 1), st),
+            "cudaMemsetAsync"))
       return;
   }
   if (kind == 2 && y.batch > 0 && y.labels > 0) {
@@ -410,13 +425,13 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
     if (!launched("ffi_loss_grad")) return;
   }
   if (deterministic && bh > 0 && y.labels > 0) {
-    dh_slices<<<grid_for(kSlices * y.batch, kThreads), kThreads, 0, st>>>(y, lptr, lidx, kind,
-                                                                          scale, s.lse, s.dht);
+    dh_slices<<<grid_for(slices * y.batch, kThreads), kThreads, 0, st>>>(y, lptr, lidx, kind, scale,
+                                                                         s.lse, slices, s.dht);
     if (!launched("ffi_loss_grad dh_slices")) return;
   }
   if (bh > 0 && deterministic) {
-    dh_sum<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(s.dht, y.batch, y.hidden,
-                                                                        a.out[0].as<float>());
+    dh_sum<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
+        s.dht, slices, y.batch, y.hidden, a.out[0].as<float>());
     if (!launched("ffi_loss_grad dh_sum")) return;
   } else if (bh > 0) {
     transpose_out<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(

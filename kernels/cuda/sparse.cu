@@ -25,12 +25,11 @@
 // topk                   radix select over (value, position) keys per row in
 //                        one block, then a bitonic sort of the k winners; for
 //                        k above 1024 a segmented radix sort of whole rows.
+#include <climits>
+#include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
-
-#include <climits>
-#include <cstdint>
 #include <type_traits>
 
 #include "../common/supports.h"
@@ -85,7 +84,7 @@ bool device_query(const LaunchEnv* e, Query&& q) {
   return true;
 }
 
-#define POOCH_GRID_STRIDE(i, n)                                                   \
+#define POOCH_GRID_STRIDE(i, n)                                             \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
@@ -120,8 +119,7 @@ bool transpose_pad(const float* in, int64_t R, int64_t C, int64_t ldi, float* ou
                    int64_t ldo, cudaStream_t s) {
   if (C <= 0 || Rp <= 0) return true;
   const int64_t tiles = ceil_div(C, 32) * ceil_div(Rp, 32);
-  const unsigned grid =
-      static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{sm_count()} * 64));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{sm_count()} * 64));
   transpose_pad_kernel<<<grid, dim3(32, 8), 0, s>>>(in, R, C, ldi, out, Rp, ldo);
   return launched("transpose_pad_kernel");
 }
@@ -172,10 +170,9 @@ void sparse_linear_rowwise(const KernelArgs& a) {
 // (load balancing by nnz may give the tail to a row past the end). Row B of
 // the product goes to a scratch row and is never copied out.
 __global__ void sanitize_csr_kernel(const int32_t* __restrict__ ptr, int64_t B,
-                                    const int32_t* __restrict__ idx,
-                                    const float* __restrict__ val, int64_t cap,
-                                    int32_t* __restrict__ ptr2, int32_t* __restrict__ idx2,
-                                    float* __restrict__ val2) {
+                                    const int32_t* __restrict__ idx, const float* __restrict__ val,
+                                    int64_t cap, int32_t* __restrict__ ptr2,
+                                    int32_t* __restrict__ idx2, float* __restrict__ val2) {
   const int64_t first = ptr[0], last = ptr[B];
   POOCH_GRID_STRIDE(j, cap) {
     const int64_t src = j + first;
@@ -202,17 +199,17 @@ struct SpmmDescs {
   cusparseSpMatDescr_t A = nullptr;
   cusparseDnMatDescr_t W = nullptr, Y = nullptr;
   bool ok = false;
-  SpmmDescs(int64_t B, int64_t F, int64_t O, int64_t cap, void* ptr, void* idx, void* val,
-            void* w, void* y) {
+  SpmmDescs(int64_t B, int64_t F, int64_t O, int64_t cap, void* ptr, void* idx, void* val, void* w,
+            void* y) {
     const CudaLibs& lib = cuda_libs();
-    ok = cusparse_ok(lib.cusparseCreateCsr(&A, B, F, cap, ptr, idx, val, CUSPARSE_INDEX_32I,
-                                           CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO,
-                                           CUDA_R_32F),
-                     "cusparseCreateCsr") &&
-         cusparse_ok(lib.cusparseCreateDnMat(&W, F, O, O, w, CUDA_R_32F, CUSPARSE_ORDER_ROW),
-                     "cusparseCreateDnMat") &&
-         cusparse_ok(lib.cusparseCreateDnMat(&Y, B, O, O, y, CUDA_R_32F, CUSPARSE_ORDER_ROW),
-                     "cusparseCreateDnMat");
+    ok =
+        cusparse_ok(lib.cusparseCreateCsr(&A, B, F, cap, ptr, idx, val, CUSPARSE_INDEX_32I,
+                                          CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, CUDA_R_32F),
+                    "cusparseCreateCsr") &&
+        cusparse_ok(lib.cusparseCreateDnMat(&W, F, O, O, w, CUDA_R_32F, CUSPARSE_ORDER_ROW),
+                    "cusparseCreateDnMat") &&
+        cusparse_ok(lib.cusparseCreateDnMat(&Y, B, O, O, y, CUDA_R_32F, CUSPARSE_ORDER_ROW),
+                    "cusparseCreateDnMat");
   }
   ~SpmmDescs() {
     if (A) cuda_libs().cusparseDestroySpMat(A);
@@ -325,8 +322,7 @@ void sparse_linear_cusparse(const KernelArgs& a) {
   if (a.workspace != nullptr && L.used <= a.workspace_bytes &&
       !spmm_buffer_size(h, s.B + 1, s.F, s.O, s.cap, L.ptr2, L.idx2, L.val2, w, L.y2, &need))
     return;
-  if (a.workspace == nullptr || L.used > a.workspace_bytes ||
-      need > a.workspace_bytes - L.used) {
+  if (a.workspace == nullptr || L.used > a.workspace_bytes || need > a.workspace_bytes - L.used) {
     // The plan sized the workspace without a device to ask; the row-wise
     // kernel gives the same result without cuSPARSE's buffer.
     sparse_linear_rows(a);
@@ -336,8 +332,8 @@ void sparse_linear_cusparse(const KernelArgs& a) {
       a.in[0].as<const int32_t>(), s.B, a.in[1].as<const int32_t>(), a.in[2].as<const float>(),
       s.cap, L.ptr2, L.idx2, L.val2);
   if (!launched("sanitize_csr_kernel")) return;
-  broadcast_rows_kernel<<<grid_for((s.B + 1) * s.O, kThreads), kThreads, 0, st>>>(
-      bias, s.B + 1, s.O, L.y2);
+  broadcast_rows_kernel<<<grid_for((s.B + 1) * s.O, kThreads), kThreads, 0, st>>>(bias, s.B + 1,
+                                                                                  s.O, L.y2);
   if (!launched("broadcast_rows_kernel")) return;
   SpmmDescs d(s.B + 1, s.F, s.O, s.cap, L.ptr2, L.idx2, L.val2, w, L.y2);
   if (!d.ok) return;
@@ -556,8 +552,8 @@ void sparse_linear_grad_weight(const KernelArgs& a) {
   if (!cuda_ok(cub::DeviceScan::InclusiveSum(L.temp, tb, L.flags, L.seg, static_cast<int>(cap), s),
                "cub::DeviceScan::InclusiveSum"))
     return;
-  segment_table_kernel<<<grid, kThreads, 0, s>>>(keys.Current(), L.flags, L.seg, cap, ptr, B,
-                                                 rows, L.start);
+  segment_table_kernel<<<grid, kThreads, 0, s>>>(keys.Current(), L.flags, L.seg, cap, ptr, B, rows,
+                                                 L.start);
   if (!launched("segment_table_kernel")) return;
   const int64_t R = a.out[1].shape[0];  // min(F, N): the most rows the batch can touch
   if (O == 0 || R == 0) return;
@@ -625,8 +621,8 @@ bool vector_ok(const I* index, const float* w, int64_t K) {
 
 unsigned label_tile_blocks(int64_t L, int warps_per_block) {
   const int64_t tiles = ceil_div(L, 32);
-  return static_cast<unsigned>(std::max<int64_t>(
-      1, std::min(ceil_div(tiles, warps_per_block), int64_t{sm_count()} * 16)));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min(ceil_div(tiles, warps_per_block), int64_t{sm_count()} * 16)));
 }
 
 // ---- ffi_linear --------------------------------------------------------------
@@ -672,8 +668,8 @@ __global__ void __launch_bounds__(kFfiWarps * 32)
             fma4(acc, x3, wk.w);
           }
           for (; k < K; ++k) {
-            const float4 xv =
-                *reinterpret_cast<const float4*>(xt + int64_t{static_cast<uint32_t>(il[k])} * Bp + b);
+            const float4 xv = *reinterpret_cast<const float4*>(
+                xt + int64_t{static_cast<uint32_t>(il[k])} * Bp + b);
             fma4(acc, xv, wl[k]);
           }
           const float bl = bias[l];
@@ -851,8 +847,8 @@ constexpr int kAtomicWarps = 8;
 template <class I>
 __global__ void __launch_bounds__(kAtomicWarps * 32)
     ffi_scatter_kernel(const float* __restrict__ dy, const I* __restrict__ index,
-                       const float* __restrict__ w, float* __restrict__ dxt, int64_t B,
-                       int64_t Bp, int64_t L, int64_t K) {
+                       const float* __restrict__ w, float* __restrict__ dxt, int64_t B, int64_t Bp,
+                       int64_t L, int64_t K) {
   __shared__ float tile[kAtomicWarps][kChunk][33];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t stride = int64_t{gridDim.x} * kAtomicWarps * 32;
@@ -943,8 +939,7 @@ __global__ void ffi_gather_grad_kernel(const int32_t* __restrict__ start,
                                        int64_t K) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
-  for (int64_t h = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); h < H;
-       h += warps) {
+  for (int64_t h = blockIdx.x * int64_t{blockDim.x >> 5} + (threadIdx.x >> 5); h < H; h += warps) {
     const int32_t t0 = start[h], t1 = start[h + 1];
     for (int64_t b0 = 0; b0 < B; b0 += 32) {
       const int64_t b = b0 + lane;
@@ -971,8 +966,7 @@ struct DetLayout {
 };
 
 template <class I>
-DetLayout<I> det_layout(std::byte* base, int64_t S, int64_t H, int64_t L, int64_t Bp,
-                        size_t temp) {
+DetLayout<I> det_layout(std::byte* base, int64_t S, int64_t H, int64_t L, int64_t Bp, size_t temp) {
   Carve c{base};
   DetLayout<I> d{};
   const auto n = static_cast<size_t>(S);
@@ -1004,8 +998,7 @@ bool det_temp(const LaunchEnv* e, int64_t S, int end_bit, size_t* bytes) {
   return device_query(e, [&] {
     cub::DoubleBuffer<SortKey<I>> k(nullptr, nullptr);
     cub::DoubleBuffer<int32_t> v(nullptr, nullptr);
-    return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, k, v, static_cast<int>(S), 0,
-                                           end_bit);
+    return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, k, v, static_cast<int>(S), 0, end_bit);
   });
 }
 
@@ -1052,8 +1045,7 @@ void ffi_grad_input_det_t(const KernelArgs& a) {
     return;
   }
   const int64_t Bp = padded_batch(B);
-  const DetLayout<Key> d =
-      det_layout<Key>(static_cast<std::byte*>(a.workspace), S, H, L, Bp, temp);
+  const DetLayout<Key> d = det_layout<Key>(static_cast<std::byte*>(a.workspace), S, H, L, Bp, temp);
   if (d.total > a.workspace_bytes) {
     report("ffi_grad_input: needs %zu workspace bytes, has %zu", d.total, a.workspace_bytes);
     return;
@@ -1073,15 +1065,15 @@ void ffi_grad_input_det_t(const KernelArgs& a) {
                                                end_bit, s),
                "cub::DeviceRadixSort::SortPairs"))
     return;
-  bucket_starts_kernel<Key><<<grid_for(H + 1, kThreads), kThreads, 0, s>>>(keys.Current(), S, H,
-                                                                           d.start);
+  bucket_starts_kernel<Key>
+      <<<grid_for(H + 1, kThreads), kThreads, 0, s>>>(keys.Current(), S, H, d.start);
   if (!launched("bucket_starts_kernel")) return;
   if (!transpose_pad(dy, B, L, L, d.dyt, Bp, Bp, s)) return;
   const int warps = 8;
   const unsigned grid = static_cast<unsigned>(
       std::max<int64_t>(1, std::min(ceil_div(H, warps), int64_t{sm_count()} * 32)));
   ffi_gather_grad_kernel<<<grid, warps * 32, 0, s>>>(d.start, vals.Current(), d.dyt, w, dx, B, Bp,
-                                                      H, K);
+                                                     H, K);
   launched("ffi_gather_grad_kernel");
 }
 
@@ -1106,7 +1098,8 @@ __device__ __forceinline__ uint64_t rank_key(float v, int64_t i) {
     const uint32_t bits = __float_as_uint(v == 0.0f ? 0.0f : v);
     u = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
   }
-  return (static_cast<uint64_t>(u) << 32) | static_cast<uint32_t>(0xFFFFFFFFu - static_cast<uint32_t>(i));
+  return (static_cast<uint64_t>(u) << 32) |
+         static_cast<uint32_t>(0xFFFFFFFFu - static_cast<uint32_t>(i));
 }
 
 __device__ __forceinline__ int64_t key_position(uint64_t key) {
@@ -1207,8 +1200,9 @@ __global__ void topk_keys_kernel(const float* __restrict__ x, int64_t B, int64_t
   POOCH_GRID_STRIDE(r, B + 1) offsets[r] = static_cast<int32_t>(r * L);
 }
 
-__global__ void topk_extract_kernel(const float* __restrict__ x, const uint64_t* __restrict__ sorted,
-                                    int64_t B, int64_t L, int64_t k, float* __restrict__ values,
+__global__ void topk_extract_kernel(const float* __restrict__ x,
+                                    const uint64_t* __restrict__ sorted, int64_t B, int64_t L,
+                                    int64_t k, float* __restrict__ values,
                                     int32_t* __restrict__ indices) {
   POOCH_GRID_STRIDE(i, B * k) {
     const int64_t b = i / k, r = i % k;
@@ -1269,8 +1263,7 @@ void topk(const KernelArgs& a) {
   }
   if (k <= kTopkMaxK) {
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(B, 65535));
-    topk_select_kernel<<<grid, kTopkThreads, 0, s>>>(x, values, indices, B, L,
-                                                    static_cast<int>(k));
+    topk_select_kernel<<<grid, kTopkThreads, 0, s>>>(x, values, indices, B, L, static_cast<int>(k));
     launched("topk_select_kernel");
     return;
   }
@@ -1384,7 +1377,11 @@ bool supports_topk(const KernelArgs& a) {
 std::vector<KernelVariant> cuda_sparse_kernels() {
   using namespace cuda;
   std::vector<KernelVariant> v = {
-      {"sparse_linear", "cusparse", sparse_linear_cusparse, sparse_linear_cusparse_ws, true,
+      // Not bitwise reproducible: two runs of CUSPARSE_SPMM_CSR_ALG2 at batch
+      // 32, 135909 features, width 512 differed on an H200 (cuSPARSE 13,
+      // pooch-bench-cuda, 2026-12-04); deterministic sessions take rowwise,
+      // which was twice as fast there anyway (0.010 against 0.020 ms).
+      {"sparse_linear", "cusparse", sparse_linear_cusparse, sparse_linear_cusparse_ws, false,
        supports_sparse_linear_cusparse},
       {"sparse_linear", "rowwise", sparse_linear_rowwise, nullptr, true, f32_operands},
       {"sparse_linear_grad_weight", "sort", sparse_linear_grad_weight, sparse_linear_grad_weight_ws,

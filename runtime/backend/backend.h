@@ -76,6 +76,19 @@ class Backend {
   // would leave the others' copies running into memory the caller reads next.
   void sync_all();
 
+  // Of a device budget, the bytes this backend takes beside the arena (the
+  // CUDA backend: cuBLAS's workspace): the arena is planned in the rest.
+  virtual size_t kept_from_budget() const { return 0; }
+
+  // A rough roofline of the device, before anything is measured: the
+  // session's first estimate of each node's time (a measured step replaces
+  // it). The default is the CPU's long-standing guess.
+  struct Roofline {
+    double flops_per_second = 20e9;
+    double bytes_per_second = 10e9;
+  };
+  virtual Roofline nominal_roofline() const { return {}; }
+
   // What kernels are told about the device when they are planned
   // (KernelArgs::device): null on the CPU, the CUDA launch environment there.
   virtual const void* kernel_device() const { return nullptr; }

@@ -100,18 +100,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // A backend may keep part of the budget for itself (the CUDA backend:
   // cuBLAS's workspace, allocated beside the arena): the arena is planned in
   // what it leaves, and a budget named in an error counts that part in.
-  size_t kept_by_backend = 0;
-  if (cfg.device_memory && !cfg.machine) {
-    const size_t usable = backend_->memory_info().budget;
-    if (usable < budget_) {
-      kept_by_backend = budget_ - usable;
-      budget_ = usable;
-    }
-  }
-  auto with_kept = [&](const Error& e) -> Error {
-    const auto* short_by = dynamic_cast<const OutOfBudget*>(&e);
-    if (!kept_by_backend || !short_by) return e;
-    const size_t needed = short_by->needed_bytes() + kept_by_backend;
+  const size_t kept_by_backend =
+      cfg.device_memory && !cfg.machine ? backend_->kept_from_budget() : 0;
+  if (kept_by_backend) budget_ = budget_ > kept_by_backend ? budget_ - kept_by_backend : 1;
+  auto with_kept = [&](const OutOfBudget& e) {
+    const size_t needed = e.needed_bytes() + kept_by_backend;
     return OutOfBudget(
         needed, fmt::format("{} (The {} backend keeps {:.2f} MiB of the device budget for itself, "
                             "so the budget must be at least {} MiB.)",
@@ -125,8 +118,10 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     LinkModel link;
     if (cfg.link_bandwidth > 0) link.h2d_bandwidth = link.d2h_bandwidth = cfg.link_bandwidth;
     if (cfg.link_latency > 0) link.latency = cfg.link_latency;
-    // Until a step is measured, node times are estimated from FLOPs and bytes.
-    profile_ = estimate_profile(graph_, 20e9, 10e9, link);
+    // Until a step is measured, node times are estimated from FLOPs and
+    // bytes at the backend's nominal rates.
+    const Backend::Roofline r = backend_->nominal_roofline();
+    profile_ = estimate_profile(graph_, r.flops_per_second, r.bytes_per_second, link);
   }
   const size_t align = backend_->caps().alignment;
   auto request = [&](const std::vector<TensorId>& wanted, bool training) {
@@ -377,9 +372,11 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         // A level that pages more does not always need less (updates on the
         // host keep more on the device when clipping makes every gradient
         // wait for the norm): the error names the smallest budget of all.
-        if (short_by && nearest && nearest->needed_bytes() < short_by->needed_bytes())
-          throw with_kept(*nearest);
-        if (kept_by_backend && short_by) throw with_kept(e);
+        if (short_by && nearest && nearest->needed_bytes() < short_by->needed_bytes()) {
+          if (kept_by_backend) throw with_kept(*nearest);
+          throw *nearest;
+        }
+        if (kept_by_backend && short_by) throw with_kept(*short_by);
         throw;
       }
       if (short_by && (!nearest || short_by->needed_bytes() < nearest->needed_bytes()))
@@ -586,6 +583,11 @@ void Session::run(ProgramKind p) {
                                 ? (model_->losses.empty() ? "the model has no loss"
                                                           : "it was created for inference")
                                 : "the model has no outputs for it"));
+  if (p == ProgramKind::train_step && ooc_.active && !cfg_.machine &&
+      measured_runs_.size() < kMeasuredSteps) {
+    run_profiled_train_step();
+    return;
+  }
   prepare_run(c->schedule);
   exec().run(c->bound);
 }

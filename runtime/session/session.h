@@ -120,8 +120,15 @@ class Session {
   void* input_buffer(std::string_view name, int64_t rows);
 
   bool has_program(ProgramKind p) const { return programs_[static_cast<int>(p)] != nullptr; }
-  // Runs a program. A train step advances the optimizer step counter.
+  // Runs a program. A train step advances the optimizer step counter. Out
+  // of core (and not planning for a --machine card), the first
+  // kMeasuredSteps train steps run as run_profiled_train_step does, so the
+  // plan is made again from measured times: the estimate the session
+  // started from can be off by orders of magnitude (20 GFLOP/s where an H200
+  // ran GPT-2's step at 19 TFLOP/s), and a plan that trusts it swaps what it
+  // should keep.
   void run(ProgramKind p);
+  static constexpr size_t kMeasuredSteps = 3;
   // Runs one real train step a launch at a time, timing each launch and
   // copy. The measured profile is each node's median over this and the
   // earlier profiled steps (the last kProfileRuns), so calling it several

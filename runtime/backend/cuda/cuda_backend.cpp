@@ -58,6 +58,30 @@ const char* stream_name(int i) {
   return i >= 0 && i < kNumStreams ? names[i] : "?";
 }
 
+// The device's f32 roofline from its attributes, at the efficiencies that
+// machines/*.json assume (60% of peak f32 for cuBLAS's training shapes, 80%
+// of peak memory bandwidth): the planner's estimate until a step is
+// measured. f32 lanes per multiprocessor: 64 on Volta, Turing and the A100
+// (compute capability 7.x, 8.0), 128 from 8.6 on (Ampere's others, Ada,
+// Hopper, Blackwell). The CPU's 20 GFLOP/s guess was 3000 times too slow
+// for an H200, and out-of-core plans made from it swap what they should keep.
+Backend::Roofline device_roofline(int device, const cudaDeviceProp& prop) {
+  Backend::Roofline r;
+  int clock_khz = 0, mem_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return r;  // the default guess: a measured step corrects it
+  }
+  const int lanes = prop.major < 8 || (prop.major == 8 && prop.minor == 0) ? 64 : 128;
+  const double flops = 2.0 * lanes * prop.multiProcessorCount * clock_khz * 1e3;
+  const double bytes = 2.0 * mem_khz * 1e3 * bus_bits / 8.0;  // double data rate
+  if (flops > 0) r.flops_per_second = 0.6 * flops;
+  if (bytes > 0) r.bytes_per_second = 0.8 * bytes;
+  return r;
+}
+
 }  // namespace
 
 void check_cuda(cudaError_t e, const char* call) {
@@ -140,6 +164,8 @@ class CudaBackend final : public Backend {
   // The launch environment: its device and library handles, for the
   // kernels' workspace and supports queries while planning.
   const void* kernel_device() const override { return &env_; }
+  Roofline nominal_roofline() const override { return roofline_; }
+  size_t kept_from_budget() const override { return cublas_ws_; }
 
  private:
   void release() noexcept;
@@ -153,6 +179,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   std::string device_name_;
+  Roofline roofline_;
   size_t budget_ = 0;
   bool budget_from_free_ = false;
   size_t cublas_ws_ = 0;  // cuBLAS workspace, allocated with the arena, after it
@@ -223,6 +250,7 @@ CudaBackend::CudaBackend(const CudaBackendParams& p)
     env_.cusparse = cusparse_;
     env_.device = device_;
     env_.sm_count = prop.multiProcessorCount;
+    roofline_ = device_roofline(device_, prop);
   } catch (...) {
     release();
     throw;
