@@ -19,10 +19,10 @@
 #   5. pooch-bench-cuda: the fixed fan-in head at 670091 labels, fan-in 32, and
 #      the rest of the XMC head: time, bytes moved against the measured copy
 #      bandwidth, spot checks                           (bench_log.txt)
-#   6. out of core on the GPU: a GPT-2 124M-shaped model trains a few steps
-#      in core, then with the arena at 1/3 and 1/5 of that (gpt_ooc.sh): the
-#      step time of each against in core, predicted and measured, and whether
-#      the weights are byte for byte the in-core ones  (gpt_ooc.txt)
+#   6. out of core on the GPU: GPT-2 124M- and ResNet-50-shaped models train
+#      a few steps in core, then with the arena at 1/3 and 1/5 of that
+#      (ooc.sh): the step time of each against in core, and whether the
+#      weights are byte for byte the in-core ones       (ooc.txt)
 #   7. one XMC training epoch through pooch-run on CUDA, the arena capped at
 #      4 GB, on Amazon-670K-shaped synthetic data       (xmc.txt)
 #      POOCH_XMC_SCALE (default 0.25; 1 is the real set: 670091 labels, 490449
@@ -282,24 +282,32 @@ else
   say "bench exit $rc"
 fi
 
-# ---- 6. out of core on the GPU: GPT-2 124M at 1/3 and 1/5 of its in-core arena ---------
-t=$(( $(left) - 110 ))
-[ $t -gt 150 ] && t=150
-if ! wanted 6; then
-  :
-elif [ $t -lt 40 ]; then
-  row "gpt out of core" "SKIP" "no time left"
-else
-  timeout $t bash tests/device/gpt_ooc.sh "$BIN" "$TMPD/gpt" 12 > "$OUT/gpt_ooc.txt" 2>&1
-  rc=$?
-  brief=$(grep -m1 '^summary: ' "$OUT/gpt_ooc.txt" | sed 's/^summary: //')
-  case $rc in
-    0) row "gpt out of core" "ok" "same bits as in core; $(echo "$brief" | cut -c1-140)" ;;
-    124) STATUS=1; row "gpt out of core" "TIMEOUT" "after ${t}s (gpt_ooc.txt has what ran)" ;;
-    *) STATUS=1; row "gpt out of core" "FAIL" "exit $rc; $(grep -m1 -E 'rc=[1-9]|DIFFERS|gpt_ooc:' "$OUT/gpt_ooc.txt" | cut -c1-120)" ;;
-  esac
-  say "gpt out of core exit $rc"
-fi
+# ---- 6. out of core on the GPU: GPT-2 124M and ResNet-50 at 1/3 and 1/5 of their arenas --
+# ooc.sh: in core, then the arena capped; step times against in core and
+# whether the weights are the in-core ones byte for byte. Both in ooc.txt.
+: > "$OUT/ooc.txt"
+for model in gpt resnet50; do
+  t=$(( $(left) - 110 ))
+  [ $t -gt 120 ] && t=120
+  if ! wanted 6; then
+    :
+  elif [ $t -lt 40 ]; then
+    row "$model out of core" "SKIP" "no time left"
+  else
+    echo "== ooc.sh $model" >> "$OUT/ooc.txt"
+    timeout $t bash tests/device/ooc.sh $model "$BIN" "$TMPD/ooc-$model" 12 > "$TMPD/ooc.txt" 2>&1
+    rc=$?
+    cat "$TMPD/ooc.txt" >> "$OUT/ooc.txt"
+    rm -rf "$TMPD/ooc-$model"
+    brief=$(grep -m1 '^summary: ' "$TMPD/ooc.txt" | sed 's/^summary: //')
+    case $rc in
+      0) row "$model out of core" "ok" "same bits as in core; $(echo "$brief" | cut -c1-130)" ;;
+      124) STATUS=1; row "$model out of core" "TIMEOUT" "after ${t}s (ooc.txt has what ran)" ;;
+      *) STATUS=1; row "$model out of core" "FAIL" "exit $rc; $(grep -m1 -E 'rc=[1-9]|DIFFERS|ooc.sh:' "$TMPD/ooc.txt" | cut -c1-120)" ;;
+    esac
+    say "$model out of core exit $rc"
+  fi
+done
 
 # ---- 7. one XMC training epoch through the CLI --------------------------------------
 # Amazon-670K's shape (at POOCH_XMC_SCALE), a sparse input layer, the fixed

@@ -1,30 +1,61 @@
 #!/usr/bin/env bash
-# tests/device/gpt_ooc.sh — out-of-core training on a real GPU, called by
-# run.sh: a GPT-2 124M-shaped model (byte vocabulary, context 1024, batch 8,
-# random weights) trains STEPS steps on Genesis through pooch-run on CUDA,
-# first in core, then with the arena capped at 1/3 and 1/5 of the in-core
-# arena (auto, and pooch-greedy at 1/3). For each run: the plan (strategy,
-# arena, predicted step against predicted in core), the measured step time
-# (median of the --log lines' "seconds" past the first two steps, which hold
-# the profile and the plan) and whether the model written is byte for byte
+# tests/device/ooc.sh — out-of-core training on a real GPU, called by run.sh.
+# A model trains STEPS steps through pooch-run on CUDA, first in core, then
+# with the arena capped at 1/3 and 1/5 of the in-core arena (auto, and
+# pooch-greedy at 1/3). For each run: the plan (strategy, arena), the
+# measured step time (median of the --log lines' "seconds" past the first
+# four steps: the first three are measured a launch at a time and the plan
+# is made again from them) and whether the model written is byte for byte
 # the in-core one (the planner's promise: the same weights as in core).
 #
-# usage: gpt_ooc.sh BIN_DIR WORK_DIR STEPS   (prints a table; exit 1 when a run
-#        fails or a model differs from the in-core one)
+#   gpt:      a GPT-2 124M-shaped model (byte vocabulary, context 1024,
+#             batch 8, random weights) on Genesis
+#   resnet50: torchvision's ResNet-50 (random weights) on random 128×128
+#             RGB images, 10 classes, batch 32, SGD
+#
+# usage: ooc.sh gpt|resnet50 BIN_DIR WORK_DIR STEPS   (prints a table; exit 1
+#        when a run fails or a model differs from the in-core one)
+# The environment can make the model small, to try the script on the CPU:
+# POOCH_OOC_SPEC (a spec file), POOCH_OOC_CONTEXT (gpt), POOCH_OOC_IMAGE
+# (resnet50: the side in pixels), POOCH_OOC_DEVICE.
 set -uo pipefail
-BIN=$1
-WORK=$2
-STEPS=${3:-12}
+MODEL=$1
+BIN=$2
+WORK=$3
+STEPS=${4:-12}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 mkdir -p "$WORK"
-# The environment can change the model and device, to try the script on the
-# CPU: POOCH_GPT_OOC_SPEC (a gpt spec file), _CONTEXT, _DEVICE.
-SPEC=${POOCH_GPT_OOC_SPEC:-$WORK/gpt2-bytes.json}
-[ -n "${POOCH_GPT_OOC_SPEC:-}" ] || echo '{"family": "gpt", "size": "gpt2", "vocab_size": 256}' > "$SPEC"
-COMMON=(train --spec "$SPEC" --data "$ROOT/apps/data/kjv-genesis.txt" --bytes
-        --device "${POOCH_GPT_OOC_DEVICE:-cuda}" --batch 8 --context "${POOCH_GPT_OOC_CONTEXT:-1024}"
-        --steps "$STEPS" --valid-fraction 0 --warmup 2 --lr 3e-4 --seed 7 --json)
+DEVICE=${POOCH_OOC_DEVICE:-cuda}
+case $MODEL in
+  gpt)
+    SPEC=${POOCH_OOC_SPEC:-$WORK/gpt2-bytes.json}
+    [ -n "${POOCH_OOC_SPEC:-}" ] || echo '{"family": "gpt", "size": "gpt2", "vocab_size": 256}' > "$SPEC"
+    COMMON=(train --spec "$SPEC" --data "$ROOT/apps/data/kjv-genesis.txt" --bytes
+            --device "$DEVICE" --batch 8 --context "${POOCH_OOC_CONTEXT:-1024}"
+            --steps "$STEPS" --valid-fraction 0 --warmup 2 --lr 3e-4 --seed 7 --json)
+    ;;
+  resnet50)
+    SPEC=${POOCH_OOC_SPEC:-$WORK/resnet50.json}
+    [ -n "${POOCH_OOC_SPEC:-}" ] || echo '{"family": "resnet", "depth": 50}' > "$SPEC"
+    # STEPS full batches of 32 random images (uint8, N×H×W×3) and labels.
+    python3 - "$WORK" "$((STEPS * 32))" "${POOCH_OOC_IMAGE:-128}" <<'EOF' || exit 1
+import sys
+import numpy as np
+work, n, side = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(5)
+np.save(f"{work}/images_x.npy", rng.integers(0, 256, size=(n, side, side, 3), dtype=np.uint8))
+np.save(f"{work}/images_y.npy", rng.integers(0, 10, size=n, dtype=np.int32))
+EOF
+    COMMON=(train --spec "$SPEC" --data "$WORK/images_x.npy" --targets "$WORK/images_y.npy"
+            --device "$DEVICE" --batch 32 --epochs 1 --valid-fraction 0 --early-stop 0
+            --optimizer sgd --lr 0.01 --seed 7 --json)
+    ;;
+  *)
+    echo "usage: ooc.sh gpt|resnet50 BIN_DIR WORK_DIR STEPS" >&2
+    exit 2
+    ;;
+esac
 
 # One run: NAME, then extra flags. Writes $WORK/NAME.{pooch,jsonl,json,txt}.
 run_one() {
@@ -56,7 +87,7 @@ try:
             secs.append(o["seconds"])
 except Exception:
     pass
-steady = statistics.median(secs[2:]) if len(secs) > 2 else float("nan")
+steady = statistics.median(secs[4:]) if len(secs) > 4 else float("nan")
 gib = lambda b: b / 2**30 if isinstance(b, (int, float)) else float("nan")
 print(f"{name:<16} rc={rc} {m.get('strategy', 'in core'):<13} arena {gib(m.get('arena_bytes')):6.3f} GiB"
       f"  budget {gib(m.get('budget')):7.3f} GiB  step {steady*1e3:8.1f} ms"
@@ -81,7 +112,7 @@ fi
 ARENA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["memory"]["arena_bytes"])' \
   "$WORK/incore.json" 2>/dev/null)
 if [ -z "$ARENA" ]; then
-  echo "gpt_ooc: the in-core run's --json line has no memory.arena_bytes"
+  echo "ooc.sh: the in-core run's --json line has no memory.arena_bytes"
   exit 1
 fi
 for spec in "third:3:auto" "fifth:5:auto" "third-greedy:3:pooch-greedy"; do
