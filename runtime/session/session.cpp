@@ -608,18 +608,24 @@ void Session::run_profiled_train_step() {
   profile_measured_ = true;
   if (ooc_.active) {
     const auto t0 = std::chrono::steady_clock::now();
-    OocPlan op = plan_out_of_core(graph_, train_request_, *backend_, layout_,
-                                  {cfg_.deterministic, cfg_.blocked_layouts}, cfg_.strategy,
-                                  exec().arena_bytes(), profile_, exec().host_bytes());
+    // A search over other times may find no plan in the arena taken (at the
+    // smallest budget, under load): the plan that runs fits, and stays.
+    std::optional<OocPlan> op;
+    try {
+      op = plan_out_of_core(graph_, train_request_, *backend_, layout_,
+                            {cfg_.deterministic, cfg_.blocked_layouts}, cfg_.strategy,
+                            exec().arena_bytes(), profile_, exec().host_bytes());
+    } catch (const OutOfBudget&) {
+    }
     ooc_.plan_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (op.schedule.host_bytes <= exec().host_bytes()) {
-      c->schedule = std::move(op.schedule);
+    if (op && op->schedule.host_bytes <= exec().host_bytes()) {
+      c->schedule = std::move(op->schedule);
       c->bound = exec().bind(c->schedule, ctx_.get());
-      ooc_.strategy = op.strategy;
+      ooc_.strategy = op->strategy;
       ooc_.swapped_bytes = c->schedule.swapped_bytes;
       ooc_.recomputed_bytes = c->schedule.recomputed_bytes;
-      ooc_.plans_tried = op.plans_tried;
+      ooc_.plans_tried = op->plans_tried;
     }
   }
   ooc_.predicted_seconds = simulate(c->schedule, profile_).seconds;
