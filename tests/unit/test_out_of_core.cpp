@@ -786,4 +786,35 @@ TEST(Profiler, ProfiledStepsMeasureTheEmulatedLink) {
   for (double sec : s.profile().node_seconds) EXPECT_GE(sec, 0.0);
 }
 
+// Out of core, the first train steps are measured and the plan made again
+// from them, for every caller of Session::run (the trainers never asked for
+// it, so their plans stayed on the estimate: 3000 times too slow for an
+// H200). In core nothing is measured: no step pays for it.
+TEST(OutOfCore, FirstTrainStepsAreMeasuredOutOfCoreOnly) {
+  ModelSpec spec = norm_spec();
+  spec.run.batch = 4096;
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 1;
+  Session in_core(build_model(spec), cfg);
+  const auto expect = train(in_core, 4);
+  EXPECT_FALSE(in_core.profile_measured()) << "an in-core step was measured";
+  const size_t in_core_train = in_core.out_of_core().in_core_arena;
+  size_t persistent = 0;
+  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
+    persistent += in_core.memory_plan().bytes_by_role[r];
+  SessionConfig oc = cfg;
+  oc.device_memory = persistent + (in_core_train - persistent) / 2;
+  oc.link_bandwidth = 400e6;
+  oc.link_latency = 1e-4;
+  Session s(build_model(spec), oc);
+  ASSERT_TRUE(s.out_of_core().active);
+  EXPECT_FALSE(s.profile_measured());
+  EXPECT_EQ(train(s, 4), expect) << "weights differ from in-core training";
+  EXPECT_TRUE(s.profile_measured()) << "no train step was measured out of core";
+  // The link's bandwidth comes from the steps' copies, not the default.
+  EXPECT_LE(s.profile().link.h2d_bandwidth, 400e6 * 1.02);
+  EXPECT_LE(s.memory_plan().peak, oc.device_memory);
+}
+
 }  // namespace
