@@ -29,6 +29,7 @@ void on_epoch(void* user, const pooch_epoch_report* rep) {
   if (r->member > 0) l["member"] = r->member;
   for (auto& [k, v] : j.items()) l[k] = v;
   log_line(r->log, l);
+  if (r->after_epoch) r->after_epoch(*rep);
 }
 
 // At most `limit` bytes: /dev/zero as a spec must not fill the memory.
@@ -588,6 +589,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     if (int rc = open_log(f.log, resume, log_file, out)) return rc;
   FILE* log = f.log_file ? f.log_file : log_file.f;
 
+  ModelHandle best_model;  // before s: a session made from it must go first
   SessionHandle s;
   if (pooch_status st = pooch_session_create(model, &sp, &s.p)) return out.fail(st, "session");
   print_memory(s.p, out);
@@ -611,6 +613,24 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   const pooch_dataset* epoch_eval =
       data.valid.p ? data.valid.p
                    : (f.eval_each_epoch || f.evaluation_decides() ? data.test.p : nullptr);
+
+  // With early stopping on evaluated epochs, each new best epoch is written
+  // to --out as it is reached, and the model written is that epoch's: the
+  // epochs after it only waited for an improvement that did not come.
+  const bool keep_best = save && f.early_stop > 0 && epoch_eval != nullptr;
+  int best_epoch = 0, last_epoch = 0;  // best_epoch: the epoch --out holds (0: none yet)
+  pooch_status best_status = POOCH_OK;
+  std::string best_error;
+  if (keep_best)
+    state.after_epoch = [&](const pooch_epoch_report& rep) {
+      last_epoch = rep.epoch;
+      if (!rep.improved || best_status != POOCH_OK) return;
+      best_status = pooch_session_save(s.p, f.out.c_str());
+      if (best_status == POOCH_OK)
+        best_epoch = rep.epoch;
+      else
+        best_error = pooch_last_error();
+    };
 
   const auto t0 = std::chrono::steady_clock::now();
   pooch_status st;
@@ -645,20 +665,46 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     return out.fail(st, resume ? "training on " + data.train_source : std::string("training"));
   res["interrupted"] = false;
   say("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
+  if (best_status != POOCH_OK)
+    return out.fail(exit_code(best_status),
+                    "saving the best epoch to " + f.out + ": " + best_error);
+  // An earlier epoch was the best: --out holds it, and it is what the test
+  // set judges (a session of its own, made once this one is gone).
+  const bool earlier_best = keep_best && best_epoch > 0 && best_epoch != last_epoch;
+  if (earlier_best) {
+    pooch_session_free(&s.p);
+    if (pooch_status st2 = pooch_model_load(f.out.c_str(), &best_model.p))
+      return out.fail(st2, "loading the best epoch from " + f.out);
+    if (pooch_status st2 = pooch_session_create(best_model.p, &sp, &s.p))
+      return out.fail(st2, "session");
+    if (epoch_eval == data.test.p)
+      for (const Json& e : state.epochs)
+        if (e.value("epoch", 0) == best_epoch && e.contains("eval")) res["final"] = e["eval"];
+  }
   if (data.test.p && epoch_eval != data.test.p) {  // the epochs did not see it: once, now
     pooch_metrics m{};
     if (pooch_status st2 = pooch_evaluate(s.p, data.test.p, data.train.p, tp.psp_a, tp.psp_b, &m))
       return out.fail(st2, "evaluating on " + data.test_source);
-    say("test (%s), after the last epoch:\n", data.test_source.c_str());
+    if (earlier_best)
+      say("test (%s), the weights of epoch %d:\n", data.test_source.c_str(), best_epoch);
+    else
+      say("test (%s), after the last epoch:\n", data.test_source.c_str());
     print_metrics_table(m);
     res["final"] = metrics_json(m);
   }
   if (trained)
     if (int rc = trained(s.p)) return rc;
   if (save) {
-    if (pooch_status st2 = pooch_session_save(s.p, f.out.c_str()))
-      return out.fail(st2, "saving " + f.out);
-    say("model written to %s (checkpoint: %s)\n", f.out.c_str(), ckpt.c_str());
+    if (earlier_best) {
+      say("model written to %s: the weights of epoch %d, whose validation score was the best "
+          "(the %d epochs after it did not improve on it; checkpoint of the last: %s)\n",
+          f.out.c_str(), best_epoch, last_epoch - best_epoch, ckpt.c_str());
+    } else {
+      if (pooch_status st2 = pooch_session_save(s.p, f.out.c_str()))
+        return out.fail(st2, "saving " + f.out);
+      say("model written to %s (checkpoint: %s)\n", f.out.c_str(), ckpt.c_str());
+    }
+    if (keep_best) res["written_epoch"] = earlier_best ? best_epoch : last_epoch;
     res["out"] = f.out;
     res["checkpoint"] = ckpt;
   }

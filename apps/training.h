@@ -181,6 +181,8 @@ struct RunState {
   // line's "seconds" is the wall time from it, what a step costs as seen
   // from the host (the loss is read back, so the device has finished it).
   std::chrono::steady_clock::time_point last_step_end = std::chrono::steady_clock::now();
+  // After each epoch's report (empty: nothing): run_training's keep-best.
+  std::function<void(const pooch_epoch_report&)> after_epoch;
 };
 // pooch_train_params.on_step for a RunState: progress, a --log line, and
 // stop on Ctrl-C or the step cap.

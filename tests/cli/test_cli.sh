@@ -381,6 +381,32 @@ expect train-no-stop 0 "$RUN" train --data cls120/X.npy --targets cls120/Y.npy -
 if ! cmp -s best.pooch last.pooch; then pass train-no-stop-writes-the-last; else
   fail train-no-stop-writes-the-last; fi
 
+# The same for bag-of-words data (early stopping on held-out rows, scored by
+# P@3; a constant, large rate makes the score go up and down): the file is
+# the best epoch's, byte for byte a run of just that many epochs, and the
+# test set's figures are that epoch's.
+expect synth-bow 0 "$RUN" synth --preset EURLex-4K --scale 0.05 --seed 3 --out bow
+BOW=(--data bow --early-stop 2 --valid-fraction 0.2 --lr 0.5 --lr-schedule constant --ensemble 1)
+expect train-bow-best 0 "$RUN" train "${BOW[@]}" --epochs 12 --out bowbest.pooch --json "${T[@]}"
+bow_best=$(json_last train-bow-best.out | grep -Eo '"written_epoch": ?[0-9]+' | grep -Eo '[0-9]+$')
+bow_last=$(grep -Ec '^epoch [0-9]+/12  loss ' train-bow-best.out)
+if [ -n "$bow_best" ] && [ "$bow_best" -lt "$bow_last" ]; then
+  pass "train-bow-best: epoch $bow_best written of $bow_last"
+else
+  fail "train-bow-best: written epoch '$bow_best', last epoch '$bow_last'"
+fi
+contains train-bow-best-message train-bow-best.out \
+  "^model written to bowbest\.pooch: the weights of epoch $bow_best, whose validation score was the best"
+expect train-bow-upto 0 "$RUN" train "${BOW[@]}" --epochs "${bow_best:-1}" --out bowupto.pooch --json \
+  "${T[@]}"
+if cmp -s bowbest.pooch bowupto.pooch; then pass train-bow-best-is-that-epoch; else
+  fail train-bow-best-is-that-epoch; fi
+p_at_1() { json_last "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["final"]["precision"][0])'; }
+p_best=$(p_at_1 train-bow-best.out)
+p_upto=$(p_at_1 train-bow-upto.out)
+if [ -n "$p_best" ] && [ "$p_best" = "$p_upto" ]; then pass "train-bow-best-final ($p_best)"; else
+  fail "train-bow-best-final: P@1 '$p_best' against that epoch's '$p_upto'"; fi
+
 # Classification from the model flags (softmax, as the targets are class ids).
 expect train-cls 0 "$RUN" train --data cls/X.npy --targets cls/Y.npy --hidden 32 --batch 50 --epochs 10 \
   --lr 0.01 --out cls.pooch "${T[@]}"
