@@ -4,7 +4,8 @@
 # where nothing can be installed, and packs them into one archive:
 #
 #   build-device/dist/pooch-device.tar.xz, which holds
-#     bin/           pooch-opcheck, test_cuda_backend, pooch-bench-cuda, pooch-run
+#     bin/           pooch-opcheck, test_cuda_backend, pooch-bench-cuda, pooch-bench-lm,
+#                    pooch-run
 #     lib/           every shared library they need that is neither glibc/libstdc++
 #                    nor a CUDA library (libpooch, fmt, mimalloc, libgomp, ...):
 #                    the GPU machine provides those two
@@ -37,7 +38,8 @@ BUILD=${POOCH_DEVICE_BUILD:-build-device}
 DIST=$BUILD/dist
 STAGE=$BUILD/dist-stage
 ARCHIVE=pooch-device.tar.xz
-TARGETS=(tests/pooch-opcheck tests/test_cuda_backend bench/pooch-bench-cuda apps/pooch-run)
+TARGETS=(tests/pooch-opcheck tests/test_cuda_backend bench/pooch-bench-cuda bench/pooch-bench-lm
+         apps/pooch-run)
 LIMIT_MIB=40  # what the archive may take of the device tool's 64 MiB
 
 if [ ! -f "$BUILD/build.ninja" ]; then

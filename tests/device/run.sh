@@ -13,7 +13,7 @@
 #      does not show them. Says within seconds if the binaries cannot start
 #      or those libraries are missing: ldd, then
 #      `pooch-opcheck --list` under a 10 s timeout    (env.txt)
-#      Then starts, in the background, the synthetic data of step 7.
+#      Then starts, in the background, the synthetic data of step 8.
 #   3. test_cuda_backend: arena, streams, events, copies, budget, errors
 #   4. pooch-opcheck --backend cuda: every CUDA kernel against kernels/ref
 #   5. pooch-bench-cuda: the fixed fan-in head at 670091 labels, fan-in 32, and
@@ -23,12 +23,17 @@
 #      a few steps in core, then with the arena at 1/3 and 1/5 of that
 #      (ooc.sh): the step time of each against in core, and whether the
 #      weights are byte for byte the in-core ones       (ooc.txt)
-#   7. one XMC training epoch through pooch-run on CUDA, the arena capped at
-#      4 GB, on Amazon-670K-shaped synthetic data       (xmc.txt)
+#   7. GPT-2 124M beside PyTorch on the same card: pooch-bench-lm --device
+#      cuda (with its time per op kind) and bench/peers/lm_torch.py --device
+#      cuda (transformers' GPT2LMHeadModel, f32, TF32 off), the same shapes:
+#      training tokens per second, device memory, generation (lm.txt)
+#   8. one XMC training epoch through pooch-run on CUDA, the arena capped at
+#      4 GB, on Amazon-670K-shaped synthetic data, after the step's per-op
+#      profile                                          (xmc.txt)
 #      POOCH_XMC_SCALE (default 0.25; 1 is the real set: 670091 labels, 490449
 #      rows), POOCH_XMC_HIDDEN (512), POOCH_XMC_BATCH (the CLI's default)
-#   8. compute-sanitizer memcheck on the benchmark's small shapes, if there is
-#      time and the tool works on this machine
+#   9. compute-sanitizer memcheck on the benchmark's small shapes, if there is
+#      time and the tool works on this machine   (appended to opcheck_cuda.txt)
 # A report goes to "$OUT" (summary.txt and one log per step: at most 8 files,
 # as the device tool returns no more), and a short table is printed last.
 # Under 9 minutes in all (each step has a timeout). POOCH_DEVICE_STEPS (e.g.
@@ -56,7 +61,7 @@ TMPD=$(mktemp -d "${TMPDIR:-/tmp}/pooch-device.XXXXXX") || exit 2
 SYNTH_PID=""
 
 elapsed() { echo $(($(date +%s) - T0)); }
-STEPS=" ${POOCH_DEVICE_STEPS:-4 5 6 7 8} "
+STEPS=" ${POOCH_DEVICE_STEPS:-4 5 6 7 8 9} "
 wanted() { [[ "$STEPS" == *" $1 "* ]]; }
 # backtrace LOG BINARY ARGS...: after a crash (exit 128 + signal), the same
 # run under cuda-gdb, its backtrace appended to LOG.
@@ -210,12 +215,12 @@ cuda_listed=$(grep -c '^  cuda: ' "$LIST")
 row "start" "ok" "binaries start; opcheck lists $cuda_listed ops with a cuda line"
 say "binaries start"
 
-# The synthetic data of step 7, written by the CPU while the GPU checks run.
+# The synthetic data of step 8, written by the CPU while the GPU checks run.
 XMC_SCALE=${POOCH_XMC_SCALE:-0.25}
 XMC_HIDDEN=${POOCH_XMC_HIDDEN:-512}
 XMC_DATA=$TMPD/xmc-data
 XMC_LOG=$TMPD/xmc_synth.txt
-if [ -x "$BIN/pooch-run" ] && wanted 7; then
+if [ -x "$BIN/pooch-run" ] && wanted 8; then
   timeout 240 "$BIN/pooch-run" synth --preset Amazon-670K --scale "$XMC_SCALE" \
     --out "$XMC_DATA" > "$XMC_LOG" 2>&1 &
   SYNTH_PID=$!
@@ -309,11 +314,55 @@ for model in gpt resnet50; do
   fi
 done
 
-# ---- 7. one XMC training epoch through the CLI --------------------------------------
+# ---- 7. GPT-2 124M beside PyTorch on the same card --------------------------------------
+# Context 1024, batch 8, GPT-2's vocabulary, random weights, 5 steps (the
+# median after the first), then 32 greedy tokens with the KV cache. pooch's
+# per-op-kind times (--profile 1) go to the same file.
+LM=$OUT/lm.txt
+LM_SHAPE=(--layers 12 --heads 12 --width 768 --vocab 50257 --ctx 1024 --batch 8 --steps 5
+          --threads 16 --gen-tokens 32 --device cuda)
+t=$(( $(left) - 150 ))
+[ $t -gt 120 ] && t=120
+if ! wanted 7; then
+  :
+elif [ ! -x "$BIN/pooch-bench-lm" ]; then
+  row "gpt vs torch" "SKIP" "no pooch-bench-lm in the binaries (rebuild with tests/device/build.sh)"
+elif [ $t -lt 40 ]; then
+  row "gpt vs torch" "SKIP" "no time left"
+else
+  echo "== pooch-bench-lm ${LM_SHAPE[*]} --profile 1" > "$LM"
+  timeout $((t / 2)) "$BIN/pooch-bench-lm" "${LM_SHAPE[@]}" --profile 1 >> "$LM" 2>&1
+  prc=$?
+  echo "== exit $prc" >> "$LM"
+  echo "== python3 bench/peers/lm_torch.py ${LM_SHAPE[*]}" >> "$LM"
+  timeout $((t / 2)) python3 bench/peers/lm_torch.py "${LM_SHAPE[@]}" >> "$LM" 2>&1
+  trc=$?
+  echo "== exit $trc" >> "$LM"
+  # Each side's JSON is the line after its command that starts with "{".
+  brief=$(timeout 10 python3 - "$LM" <<'EOF' 2>/dev/null
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+if len(runs) == 2:
+    p, t = runs
+    print("train tokens/s %.0f vs %.0f (%.2fx); generate %.0f vs %.0f tokens/s; device MiB %.0f vs %.0f"
+          % (p["train_tokens_s"], t["train_tokens_s"], p["train_tokens_s"] / t["train_tokens_s"],
+             p["gen_tokens_s"], t["gen_tokens_s"], p["arena_mib"] or 0, t["peak_device_mib"] or 0))
+EOF
+)
+  if [ $prc -eq 0 ] && [ $trc -eq 0 ] && [ -n "$brief" ]; then
+    row "gpt vs torch" "ok" "$(echo "$brief" | cut -c1-140)"
+  else
+    STATUS=1
+    row "gpt vs torch" "FAIL" "pooch exit $prc, torch exit $trc (lm.txt)"
+  fi
+  say "gpt vs torch done"
+fi
+
+# ---- 8. one XMC training epoch through the CLI --------------------------------------
 # Amazon-670K's shape (at POOCH_XMC_SCALE), a sparse input layer, the fixed
 # fan-in head (32), the arena capped at 4 GB; the CLI's --json line reports.
 XMC=$OUT/xmc.txt
-if ! wanted 7; then
+if ! wanted 8; then
   :
 elif [ -z "$SYNTH_PID" ]; then
   row "xmc epoch" "SKIP" "no pooch-run in the binaries (rebuild with tests/device/build.sh)"
@@ -378,7 +427,7 @@ print(" ".join(parts))' 2>/dev/null)
   say "xmc epoch done"
 fi
 
-# ---- 8. memory checker on small shapes ------------------------------------------------
+# ---- 9. memory checker on small shapes (into opcheck_cuda.txt) -------------------------
 t=$(( $(left) - 5 ))
 [ $t -gt 90 ] && t=90
 SANITIZER=$(command -v compute-sanitizer)
@@ -387,7 +436,8 @@ if [ -z "$SANITIZER" ]; then
     if [ -x "$c" ]; then SANITIZER=$c; break; fi
   done
 fi
-if ! wanted 8; then
+MEMCHECK=$TMPD/memcheck.txt
+if ! wanted 9; then
   :
 elif [ -z "$SANITIZER" ]; then
   row "memcheck" "SKIP" "compute-sanitizer not found"
@@ -395,15 +445,17 @@ elif [ $t -lt 30 ]; then
   row "memcheck" "SKIP" "no time left"
 else
   timeout $t "$SANITIZER" --tool memcheck --leak-check no --error-exitcode 9 \
-    "$BIN/pooch-bench-cuda" --quick > "$OUT/memcheck.txt" 2>&1
+    "$BIN/pooch-bench-cuda" --quick > "$MEMCHECK" 2>&1
   rc=$?
-  errs=$(grep -m1 -E 'ERROR SUMMARY' "$OUT/memcheck.txt")
+  { echo; echo "== compute-sanitizer --tool memcheck pooch-bench-cuda --quick (exit $rc)"
+    cat "$MEMCHECK"; } >> "$OUT/opcheck_cuda.txt"
+  errs=$(grep -m1 -E 'ERROR SUMMARY' "$MEMCHECK")
   case $rc in
     0) row "memcheck" "ok" "${errs:-no errors} (bench --quick)" ;;
     77) row "memcheck" "SKIP" "no CUDA device" ;;
-    9) STATUS=1; row "memcheck" "FAIL" "$errs; $(grep -m1 -E 'Invalid|out of bounds|Address' "$OUT/memcheck.txt" | cut -c1-120)" ;;
+    9) STATUS=1; row "memcheck" "FAIL" "$errs; $(grep -m1 -E 'Invalid|out of bounds|Address' "$MEMCHECK" | cut -c1-120)" ;;
     124) row "memcheck" "TIMEOUT" "after ${t}s (slow under the tool; not a failure)" ;;
-    *) if grep -qiE 'not supported|LibraryNotLoaded|error 999' "$OUT/memcheck.txt"; then
+    *) if grep -qiE 'not supported|LibraryNotLoaded|error 999' "$MEMCHECK"; then
          row "memcheck" "SKIP" "the tool does not work on this machine"
        else
          STATUS=1; row "memcheck" "FAIL" "exit $rc; $errs"
