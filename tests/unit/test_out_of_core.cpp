@@ -124,6 +124,16 @@ std::vector<std::vector<std::byte>> train(Session& s, int steps) {
   return w;
 }
 
+// The budget that holds the in-core session's weights and optimizer state
+// and `keep` of the rest of its in-core train arena.
+size_t budget_keeping(const Session& in_core, double keep) {
+  size_t persistent = 0;
+  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
+    persistent += in_core.memory_plan().bytes_by_role[r];
+  const size_t whole = in_core.out_of_core().in_core_arena;
+  return persistent + static_cast<size_t>(static_cast<double>(whole - persistent) * keep);
+}
+
 class OutOfCore : public ::testing::TestWithParam<int> {};
 
 TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
@@ -141,16 +151,12 @@ TEST_P(OutOfCore, EveryStrategyTrainsBitForBitWithinTheBudget) {
   const auto expect = train(in_core, 3);
   const size_t peak = in_core.memory_plan().peak;
   const size_t in_core_train = in_core.out_of_core().in_core_arena;
-  size_t persistent = 0;
-  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
-    persistent += in_core.memory_plan().bytes_by_role[r];
   double greedy = 0, automatic = 0;
   for (Strategy st : {Strategy::swap_all, Strategy::recompute_all, Strategy::checkpoint_sqrt,
                       Strategy::pooch_greedy, Strategy::automatic}) {
     SessionConfig oc = cfg;
     oc.strategy = st;
-    oc.device_memory =
-        persistent + static_cast<size_t>(static_cast<double>(in_core_train - persistent) * c.keep);
+    oc.device_memory = budget_keeping(in_core, c.keep);
     SCOPED_TRACE(std::string(c.name) + " " + strategy_name(st) + " budget " +
                  std::to_string(oc.device_memory) + " of " + std::to_string(in_core_train));
     try {
@@ -389,13 +395,9 @@ TEST(OutOfCore, ClippedTrainingIsBitForBitOutOfCore) {
   Session in_core(build_model(norm_spec()), cfg);
   const auto expect = train(in_core, 3);
   EXPECT_NE(expect, unclipped) << "a norm of 0.05 should have clipped";
-  size_t persistent = 0;
-  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
-    persistent += in_core.memory_plan().bytes_by_role[r];
-  const size_t whole = in_core.out_of_core().in_core_arena;
   SessionConfig oc = cfg;
   oc.strategy = Strategy::automatic;
-  oc.device_memory = persistent + (whole - persistent) * 3 / 4;
+  oc.device_memory = budget_keeping(in_core, 0.75);
   Session s(build_model(norm_spec()), oc);
   EXPECT_TRUE(s.out_of_core().active);
   EXPECT_LE(s.memory_plan().peak, oc.device_memory);
@@ -639,12 +641,8 @@ TEST(HostPool, TheCapIsAPlanningConstraint) {
   cfg.threads = 2;
   Session in_core(build_model(chain_spec(50)), cfg);
   const auto expect = train(in_core, 3);
-  const size_t in_core_train = in_core.out_of_core().in_core_arena;
-  size_t persistent = 0;
-  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
-    persistent += in_core.memory_plan().bytes_by_role[r];
   SessionConfig oc = cfg;
-  oc.device_memory = persistent + (in_core_train - persistent) / 2;
+  oc.device_memory = budget_keeping(in_core, 0.5);
   oc.strategy = Strategy::swap_all;
   Session swapping(build_model(chain_spec(50)), oc);
   const size_t staging = in_core.host_pool_bytes();
@@ -681,11 +679,7 @@ TEST(OutOfCoreReport, TimelineAndOccupancyAgreeWithTheSimulatorAndThePlacement) 
   cfg.device = DeviceKind::cpu;
   cfg.threads = 1;
   Session in_core(build_model(norm_spec()), cfg);
-  const size_t in_core_train = in_core.out_of_core().in_core_arena;
-  size_t persistent = 0;
-  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
-    persistent += in_core.memory_plan().bytes_by_role[r];
-  for (size_t budget : {size_t{0}, persistent + (in_core_train - persistent) * 3 / 4}) {
+  for (size_t budget : {size_t{0}, budget_keeping(in_core, 0.75)}) {
     SessionConfig oc = cfg;
     oc.device_memory = budget;
     Session s(build_model(norm_spec()), oc);
@@ -763,12 +757,8 @@ TEST(Profiler, ProfiledStepsMeasureTheEmulatedLink) {
   cfg.device = DeviceKind::cpu;
   cfg.threads = 1;
   Session in_core(build_model(spec), cfg);
-  const size_t in_core_train = in_core.out_of_core().in_core_arena;
-  size_t persistent = 0;
-  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
-    persistent += in_core.memory_plan().bytes_by_role[r];
   SessionConfig oc = cfg;
-  oc.device_memory = persistent + (in_core_train - persistent) / 2;
+  oc.device_memory = budget_keeping(in_core, 0.5);
   oc.strategy = Strategy::swap_all;
   oc.link_bandwidth = 400e6;
   oc.link_latency = 1e-4;
@@ -799,12 +789,8 @@ TEST(OutOfCore, FirstTrainStepsAreMeasuredOutOfCoreOnly) {
   Session in_core(build_model(spec), cfg);
   const auto expect = train(in_core, 4);
   EXPECT_FALSE(in_core.profile_measured()) << "an in-core step was measured";
-  const size_t in_core_train = in_core.out_of_core().in_core_arena;
-  size_t persistent = 0;
-  for (int r : {static_cast<int>(Role::weight), static_cast<int>(Role::optimizer_state)})
-    persistent += in_core.memory_plan().bytes_by_role[r];
   SessionConfig oc = cfg;
-  oc.device_memory = persistent + (in_core_train - persistent) / 2;
+  oc.device_memory = budget_keeping(in_core, 0.5);
   oc.link_bandwidth = 400e6;
   oc.link_latency = 1e-4;
   Session s(build_model(spec), oc);
