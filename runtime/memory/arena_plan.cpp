@@ -230,14 +230,15 @@ std::string ArenaPlan::report() const {
       offsets.size(), to_mib(peak), peak, to_mib(live_peak), roles);
 }
 
-void check_budget(const ArenaPlan& plan, size_t budget) {
+void check_budget(const ArenaPlan& plan, size_t budget, std::string_view what) {
   if (plan.peak <= budget) return;
   throw OutOfBudget(
       plan.peak,
-      fmt::format("the plan needs {} bytes ({} MiB) of device memory but the budget is {} "
+      fmt::format("{} needs {} bytes ({} MiB) of device memory but the budget is {} "
                   "bytes ({:.2f} MiB); it needs a budget of at least {} MiB, or a smaller "
                   "step (a smaller batch size)",
-                  plan.peak, mib_ceil(plan.peak), budget, to_mib(budget), mib_ceil(plan.peak)));
+                  what, plan.peak, mib_ceil(plan.peak), budget, to_mib(budget),
+                  mib_ceil(plan.peak)));
 }
 
 }  // namespace pooch

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../core/graph.h"
@@ -32,16 +33,17 @@ struct BufferRequest {
 struct ArenaPlan {
   std::vector<size_t> offsets;  // one per request
   size_t peak = 0;              // bytes the arena needs (the top of the highest buffer)
-  size_t live_peak = 0;         // most bytes live at once: the lower bound any placement could reach
+  size_t live_peak = 0;  // most bytes live at once: the lower bound any placement could reach
   size_t bytes_by_role[kNumRoles] = {};
-  std::string report() const;   // human-readable summary
+  std::string report() const;  // human-readable summary
 };
 
 // Deterministic: the same requests always give the same offsets.
 ArenaPlan plan_arena(std::span<const BufferRequest> requests, size_t alignment = 256);
 
 // Throws Error(POOCH_ERR_OUT_OF_BUDGET) naming the minimum budget (plan.peak)
-// when the plan does not fit.
-void check_budget(const ArenaPlan& plan, size_t budget);
+// when the plan does not fit; `what` names the plan ("the plan" by default,
+// "the forward program" from a session).
+void check_budget(const ArenaPlan& plan, size_t budget, std::string_view what = "the plan");
 
 }  // namespace pooch

@@ -201,9 +201,13 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     memory_ = layout_.persistent;
     memory_.offsets.clear();
     const CompiledProgram* largest = nullptr;
-    for (const auto& p : programs_)
-      if (p && (!largest || p->schedule.arena_bytes > largest->schedule.arena_bytes))
+    ProgramKind largest_kind = ProgramKind::train_step;
+    for (size_t i = 0; i < std::size(programs_); ++i)
+      if (const auto& p = programs_[i];
+          p && (!largest || p->schedule.arena_bytes > largest->schedule.arena_bytes)) {
         largest = p.get();
+        largest_kind = static_cast<ProgramKind>(i);
+      }
     memory_.peak = align_up(layout_.persistent.peak, align);
     if (largest) {
       memory_.peak = largest->schedule.arena_bytes;
@@ -211,7 +215,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       for (int r = 0; r < kNumRoles; ++r)
         memory_.bytes_by_role[r] += largest->schedule.transient.bytes_by_role[r];
     }
-    if (budget_) check_budget(memory_, budget_);
+    // Named: only the train step is planned out of core, so a forward or
+    // evaluate program that does not fit is a different problem.
+    if (budget_)
+      check_budget(memory_, budget_,
+                   largest ? fmt::format("the {} program", program_name(largest_kind))
+                           : std::string("the plan"));
   };
   // Weights and optimizer state stay on the device unless the step fits no
   // other way, or (under `auto`) fits faster so (below). Then the optimizer

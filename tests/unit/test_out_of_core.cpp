@@ -803,4 +803,25 @@ TEST(OutOfCore, FirstTrainStepsAreMeasuredOutOfCoreOnly) {
   EXPECT_LE(s.memory_plan().peak, oc.device_memory);
 }
 
+// An error for a program that does not fit names it: only the train step is
+// planned out of core, so "the forward program" is a different problem from
+// "the train step program" (ResNet-50 on an H200 was refused by one of its
+// inference programs).
+TEST(OutOfCore, AProgramThatDoesNotFitIsNamed) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 1;
+  cfg.plan_only = true;
+  Session in_core(build_model(chain_spec(12)), cfg);
+  cfg.strategy = Strategy::keep;
+  cfg.device_memory = in_core.out_of_core().in_core_arena - 1;
+  try {
+    Session s(build_model(chain_spec(12)), cfg);
+    FAIL() << "a budget below the in-core arena was accepted under keep";
+  } catch (const OutOfBudget& e) {
+    EXPECT_NE(std::string(e.what()).find("the train step program needs"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
