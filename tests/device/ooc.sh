@@ -13,14 +13,16 @@
 #   resnet50: torchvision's ResNet-50 (random weights) on random 128×128
 #             RGB images, 10 classes, batch 32, SGD
 #
-# usage: ooc.sh gpt|resnet50 BIN_DIR WORK_DIR STEPS   (prints a table; exit 1
-#        when a run fails or a model differs from the in-core one)
-# The environment can make the model small, to try the script on the CPU:
+# usage: ooc.sh gpt|resnet50 BIN_DIR|POOCH_RUN WORK_DIR STEPS   (prints a table;
+#        exit 1 when a run fails or a model differs from the in-core one)
+# The environment can make the model small, to try the script on the CPU
+# (tests/meson.build's device_ooc_cpu does, so the script does not rot):
 # POOCH_OOC_SPEC (a spec file), POOCH_OOC_CONTEXT (gpt), POOCH_OOC_IMAGE
 # (resnet50: the side in pixels), POOCH_OOC_DEVICE.
 set -uo pipefail
 MODEL=$1
 BIN=$2
+[ -f "$BIN" ] && BIN=$(dirname "$BIN")  # the pooch-run binary itself
 WORK=$3
 STEPS=${4:-12}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -39,13 +41,22 @@ case $MODEL in
     SPEC=${POOCH_OOC_SPEC:-$WORK/resnet50.json}
     [ -n "${POOCH_OOC_SPEC:-}" ] || echo '{"family": "resnet", "depth": 50}' > "$SPEC"
     # STEPS full batches of 32 random images (uint8, N×H×W×3) and labels.
+    # (.npy written by hand: no NumPy needed where CI runs this on the CPU.)
     python3 - "$WORK" "$((STEPS * 32))" "${POOCH_OOC_IMAGE:-128}" <<'EOF' || exit 1
-import sys
-import numpy as np
+import random, struct, sys
 work, n, side = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rng = np.random.default_rng(5)
-np.save(f"{work}/images_x.npy", rng.integers(0, 256, size=(n, side, side, 3), dtype=np.uint8))
-np.save(f"{work}/images_y.npy", rng.integers(0, 10, size=n, dtype=np.int32))
+rng = random.Random(5)
+
+def save(path, descr, shape, data):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (
+        descr, "".join("%d, " % d for d in shape))
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(data)
+
+save(f"{work}/images_x.npy", "|u1", (n, side, side, 3), rng.randbytes(n * side * side * 3))
+save(f"{work}/images_y.npy", "<i4", (n,), struct.pack("<%di" % n, *(rng.randrange(10) for _ in range(n))))
 EOF
     COMMON=(train --spec "$SPEC" --data "$WORK/images_x.npy" --targets "$WORK/images_y.npy"
             --device "$DEVICE" --batch 32 --epochs 1 --valid-fraction 0 --early-stop 0
