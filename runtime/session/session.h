@@ -82,6 +82,11 @@ struct OutOfCoreReport {
   size_t host_update_copy_bytes = 0;
   double predicted_seconds = 0;  // the simulator's step time
   double predicted_in_core = 0;  // the same for the in-core step
+  // What the session judged its paging by, as planned (before any measured
+  // step): the step's slowdown against in core at the estimated profile, or,
+  // where the profile is the backend's nominal estimate, the worse of that
+  // and the slowdown with compute Session::kComputeDoubt times faster.
+  double judged_slowdown = 0;
   int plans_tried = 0;
   double plan_seconds = 0;  // wall time of the out-of-core search (the last one)
   // Wall time of all the session's planning: every paging level and count
@@ -129,6 +134,9 @@ class Session {
   // should keep.
   void run(ProgramKind p);
   static constexpr size_t kMeasuredSteps = 3;
+  // How much faster than the backend's nominal estimate compute may be when
+  // the session judges paging (see judged_slowdown).
+  static constexpr double kComputeDoubt = 10;
   // Runs one real train step a launch at a time, timing each launch and
   // copy. The measured profile is each node's median over this and the
   // earlier profiled steps (the last kProfileRuns), so calling it several
