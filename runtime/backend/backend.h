@@ -86,6 +86,11 @@ class Backend {
   struct Roofline {
     double flops_per_second = 20e9;
     double bytes_per_second = 10e9;
+    // How many times faster than flops_per_second compute may run: the
+    // session judges its paging choices at both (Session, judged_slowdown).
+    // The CPU's placeholder ran 8 times slow on the 2-core development
+    // machine.
+    double faster_by = 10;
   };
   virtual Roofline nominal_roofline() const { return {}; }
 

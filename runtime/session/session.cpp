@@ -110,6 +110,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
                             "so the budget must be at least {} MiB.)",
                             e.what(), backend_->name(), to_mib(kept_by_backend), mib_ceil(needed)));
   };
+  double faster_by = 1;  // the backend's doubt about its estimate (none for a card)
   if (cfg.machine) {
     // Planned for the described card: its roofline and link, its memory.
     if (!cfg.device_memory) budget_ = cfg.machine->usable_memory();
@@ -122,23 +123,24 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     // bytes at the backend's nominal rates.
     const Backend::Roofline r = backend_->nominal_roofline();
     profile_ = estimate_profile(graph_, r.flops_per_second, r.bytes_per_second, link);
+    faster_by = r.faster_by;
   }
   // The paging decisions below stay when a measured profile replans the
   // activations, so where the profile is only the backend's nominal estimate
   // they are judged by the worse of two slowdowns against in core: at the
-  // estimate, and with compute kComputeDoubt times faster than it (the CPU's
-  // 20 GFLOP/s placeholder is 8 times slow on the 2-core development
+  // estimate, and with compute Roofline::faster_by times faster than it (the
+  // CPU's 20 GFLOP/s placeholder is 8 times slow on the 2-core development
   // machine; a GPU's nominal roofline is 60% of its peak). Judged at the
   // estimate alone, where every copy looks hidden behind compute, `auto`
   // paged more than it needed on the MLP chain at half its arena and swapped
   // the activations that room would have held: 3.30x its in-core step,
   // against pooch-greedy's 2.57x (bench/ooc).
   std::optional<Profile> doubt;
-  if (!cfg.machine) {
+  if (!cfg.machine && faster_by > 1) {
     doubt = profile_;
     for (std::vector<double>* v :
          {&doubt->node_seconds, &doubt->replay_seconds, &doubt->host_node_seconds})
-      for (double& t : *v) t /= kComputeDoubt;
+      for (double& t : *v) t /= faster_by;
   }
   double in_core_doubt = 0;  // the in-core train step's time under `doubt`
   const size_t align = backend_->caps().alignment;

@@ -79,6 +79,7 @@ Backend::Roofline device_roofline(int device, const cudaDeviceProp& prop) {
   const double bytes = 2.0 * mem_khz * 1e3 * bus_bits / 8.0;  // double data rate
   if (flops > 0) r.flops_per_second = 0.6 * flops;
   if (bytes > 0) r.bytes_per_second = 0.8 * bytes;
+  r.faster_by = 1 / 0.6;  // at most the card's peak
   return r;
 }
 
