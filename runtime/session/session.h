@@ -131,7 +131,7 @@ class Session {
   // kMeasuredSteps train steps run as run_profiled_train_step does, so the
   // plan is made again from measured times: the estimate the session
   // started from can be off by orders of magnitude (20 GFLOP/s where an H200
-  // ran GPT-2's step at 19 TFLOP/s), and a plan that trusts it swaps what it
+  // ran GPT-2's step at 16 TFLOP/s), and a plan that trusts it swaps what it
   // should keep.
   void run(ProgramKind p);
   static constexpr size_t kMeasuredSteps = 3;
