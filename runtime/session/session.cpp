@@ -104,6 +104,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       cfg.device_memory && !cfg.machine ? backend_->kept_from_budget() : 0;
   if (kept_by_backend) budget_ = budget_ > kept_by_backend ? budget_ - kept_by_backend : 1;
   auto with_kept = [&](const OutOfBudget& e) {
+    if (!kept_by_backend) return e;
     const size_t needed = e.needed_bytes() + kept_by_backend;
     return OutOfBudget(
         needed, fmt::format("{} (The {} backend keeps {:.2f} MiB of the device budget for itself, "
@@ -255,7 +256,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   std::vector<char> paged, host_update;
   const int top_level = backend_->host_kernels().empty() ? 2 : 3;
   size_t in_core_arena = 0;  // level 0's: the step with everything on the device
-  double in_core_seconds = 0;
+  double in_core_seconds = 0, in_core_doubt_0 = 0;  // level 0's in-core step
   // Once a level fits with all its tensors paged: the fewest of them, largest
   // first, that still fit (by bisection over how many; paging every
   // optimizer state where a third would do copies three times the bytes each
@@ -267,11 +268,10 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // last.
   // At level 3 the same search runs over which weights' updates go to the
   // host (largest first), everything else staying paged.
-  double in_core_seconds_0 = 0, in_core_doubt_0 = 0;  // level 0's, set below
   // The train step just planned, as a slowdown against level 0's in-core
   // step: at the estimate, or the worse of that and under `doubt`.
   auto slowdown = [&] {
-    const double at_estimate = ooc_.predicted_seconds / std::max(in_core_seconds_0, 1e-12);
+    const double at_estimate = ooc_.predicted_seconds / std::max(in_core_seconds, 1e-12);
     const Schedule* ts = schedule(ProgramKind::train_step);
     if (!doubt || !ts) return at_estimate;
     return std::max(at_estimate, simulate(*ts, *doubt).seconds / std::max(in_core_doubt_0, 1e-12));
@@ -385,7 +385,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       plan_all(paged, host_update);
       if (level == 0) {
         in_core_arena = ooc_.in_core_arena;
-        in_core_seconds = in_core_seconds_0 = ooc_.predicted_in_core;
+        in_core_seconds = ooc_.predicted_in_core;
         in_core_doubt_0 = in_core_doubt;
       }
       if (level > 0) page_fewer(level);
@@ -397,7 +397,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     } catch (const Error& e) {
       if (level == 0) {
         in_core_arena = ooc_.in_core_arena;
-        in_core_seconds = in_core_seconds_0 = ooc_.predicted_in_core;
+        in_core_seconds = ooc_.predicted_in_core;
         in_core_doubt_0 = in_core_doubt;
       }
       // A level that fitted stands when paging more does not fit.
@@ -412,11 +412,9 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         // A level that pages more does not always need less (updates on the
         // host keep more on the device when clipping makes every gradient
         // wait for the norm): the error names the smallest budget of all.
-        if (short_by && nearest && nearest->needed_bytes() < short_by->needed_bytes()) {
-          if (kept_by_backend) throw with_kept(*nearest);
-          throw *nearest;
-        }
-        if (kept_by_backend && short_by) throw with_kept(*short_by);
+        if (short_by && nearest && nearest->needed_bytes() < short_by->needed_bytes())
+          throw with_kept(*nearest);
+        if (short_by) throw with_kept(*short_by);
         throw;
       }
       if (short_by && (!nearest || short_by->needed_bytes() < nearest->needed_bytes()))
