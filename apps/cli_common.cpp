@@ -1,12 +1,17 @@
 #include "cli_common.h"
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <system_error>
 
 #include "console.h"
 
@@ -445,6 +450,23 @@ int open_log(const std::string& path, bool append, LogFile& log, Output& out) {
   if (path.empty()) return kOk;
   log.f = std::fopen(path.c_str(), append ? "a" : "w");
   if (!log.f) return out.fail(kBadInput, "--log: cannot open '" + path + "' for writing");
+  return kOk;
+}
+
+TemporaryFile::~TemporaryFile() {
+  if (!path.empty()) std::remove(path.c_str());
+}
+
+int TemporaryFile::create(const std::string& stem, Output& out) {
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+  std::string name = ((ec ? std::filesystem::path("/tmp") : dir) / (stem + "-XXXXXX")).string();
+  const int fd = mkstemp(name.data());
+  if (fd < 0)
+    return out.fail(kBadInput, "cannot make a temporary file '" + name + "': " +
+                                   std::strerror(errno) + " (set TMPDIR to a writable folder)");
+  close(fd);
+  path = name;
   return kOk;
 }
 

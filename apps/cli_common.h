@@ -166,6 +166,18 @@ struct LogFile {
 // Opens --log's file (nothing when `path` is empty); a failure is exit 2 (kBadInput).
 int open_log(const std::string& path, bool append, LogFile& log, Output& out);
 
+// A file of this process's own in the system's temporary directory,
+// removed when this goes out of scope (an ensemble member's best epoch).
+struct TemporaryFile {
+  std::string path;  // empty until create() succeeds
+  TemporaryFile() = default;
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+  ~TemporaryFile();
+  // Makes an empty file named after `stem`; a failure is exit 2 (kBadInput).
+  int create(const std::string& stem, Output& out);
+};
+
 // A subcommand: its CLI11 app and what runs when it was chosen.
 struct Command {
   CLI::App* app = nullptr;

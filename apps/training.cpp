@@ -616,8 +616,15 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
 
   // With early stopping on evaluated epochs, each new best epoch is written
   // to --out as it is reached, and the model written is that epoch's: the
-  // epochs after it only waited for an improvement that did not come.
-  const bool keep_best = save && f.early_stop > 0 && epoch_eval != nullptr;
+  // epochs after it only waited for an improvement that did not come. An
+  // ensemble member (no --out of its own: `trained` merges it) keeps its
+  // best epoch in a temporary file instead, so what is merged is that
+  // epoch's too.
+  TemporaryFile member_best;
+  if (!save && trained && f.early_stop > 0 && epoch_eval != nullptr)
+    if (int rc = member_best.create("pooch-best-epoch", out)) return rc;
+  const std::string best_path = save ? f.out : member_best.path;
+  const bool keep_best = !best_path.empty() && f.early_stop > 0 && epoch_eval != nullptr;
   int best_epoch = 0, last_epoch = 0;  // best_epoch: the epoch --out holds (0: none yet)
   pooch_status best_status = POOCH_OK;
   std::string best_error;
@@ -625,7 +632,7 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     state.after_epoch = [&](const pooch_epoch_report& rep) {
       last_epoch = rep.epoch;
       if (!rep.improved || best_status != POOCH_OK) return;
-      best_status = pooch_session_save(s.p, f.out.c_str());
+      best_status = pooch_session_save(s.p, best_path.c_str());
       if (best_status == POOCH_OK)
         best_epoch = rep.epoch;
       else
@@ -667,14 +674,15 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
   say("trained %lld steps in %.1f s\n", static_cast<long long>(state.steps), secs);
   if (best_status != POOCH_OK)
     return out.fail(exit_code(best_status),
-                    "saving the best epoch to " + f.out + ": " + best_error);
-  // An earlier epoch was the best: --out holds it, and it is what the test
-  // set judges (a session of its own, made once this one is gone).
+                    "saving the best epoch to " + best_path + ": " + best_error);
+  // An earlier epoch was the best: --out (or the member's file) holds it,
+  // and it is what the test set judges and a member merges (a session of its
+  // own, made once this one is gone).
   const bool earlier_best = keep_best && best_epoch > 0 && best_epoch != last_epoch;
   if (earlier_best) {
     pooch_session_free(&s.p);
-    if (pooch_status st2 = pooch_model_load(f.out.c_str(), &best_model.p))
-      return out.fail(st2, "loading the best epoch from " + f.out);
+    if (pooch_status st2 = pooch_model_load(best_path.c_str(), &best_model.p))
+      return out.fail(st2, "loading the best epoch from " + best_path);
     if (pooch_status st2 = pooch_session_create(best_model.p, &sp, &s.p))
       return out.fail(st2, "session");
     if (epoch_eval == data.test.p)
@@ -692,6 +700,8 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
     print_metrics_table(m);
     res["final"] = metrics_json(m);
   }
+  if (keep_best)
+    res[save ? "written_epoch" : "kept_epoch"] = earlier_best ? best_epoch : last_epoch;
   if (trained)
     if (int rc = trained(s.p)) return rc;
   if (save) {
@@ -704,7 +714,6 @@ int run_training(pooch_model* model, bool resume, const Data& data, const TrainF
         return out.fail(st2, "saving " + f.out);
       say("model written to %s (checkpoint: %s)\n", f.out.c_str(), ckpt.c_str());
     }
-    if (keep_best) res["written_epoch"] = earlier_best ? best_epoch : last_epoch;
     res["out"] = f.out;
     res["checkpoint"] = ckpt;
   }

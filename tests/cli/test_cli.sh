@@ -386,7 +386,8 @@ if ! cmp -s best.pooch last.pooch; then pass train-no-stop-writes-the-last; else
 # the best epoch's, byte for byte a run of just that many epochs, and the
 # test set's figures are that epoch's.
 expect synth-bow 0 "$RUN" synth --preset EURLex-4K --scale 0.05 --seed 3 --out bow
-BOW=(--data bow --early-stop 2 --valid-fraction 0.2 --lr 0.5 --lr-schedule constant --ensemble 1)
+BOW_STOP=(--data bow --early-stop 2 --valid-fraction 0.2 --lr 0.5 --lr-schedule constant)
+BOW=("${BOW_STOP[@]}" --ensemble 1)
 expect train-bow-best 0 "$RUN" train "${BOW[@]}" --epochs 12 --out bowbest.pooch --json "${T[@]}"
 bow_best=$(json_last train-bow-best.out | grep -Eo '"written_epoch": ?[0-9]+' | grep -Eo '[0-9]+$')
 bow_last=$(grep -Ec '^epoch [0-9]+/12  loss ' train-bow-best.out)
@@ -406,6 +407,15 @@ p_best=$(p_at_1 train-bow-best.out)
 p_upto=$(p_at_1 train-bow-upto.out)
 if [ -n "$p_best" ] && [ "$p_best" = "$p_upto" ]; then pass "train-bow-best-final ($p_best)"; else
   fail "train-bow-best-final: P@1 '$p_best' against that epoch's '$p_upto'"; fi
+# An ensemble's members stop early the same way and are merged from their
+# best epochs: member 1 (the same seed and held-out rows as the run above) is
+# judged on the test set with epoch $bow_best's weights, not its last.
+expect train-bow-ens-best 0 "$RUN" train "${BOW_STOP[@]}" --ensemble 2 --epochs 12 \
+  --out bowens.pooch --json "${T[@]}"
+m1=$(json_last train-bow-ens-best.out | python3 -c \
+  'import json, sys; m = json.load(sys.stdin)["members"][0]; print(m["kept_epoch"], m["final"]["precision"][0])')
+if [ "$m1" = "$bow_best $p_upto" ]; then pass "train-bow-ens-best (member 1: $m1)"; else
+  fail "train-bow-ens-best: member 1's kept epoch and P@1 '$m1', the single run's '$bow_best $p_upto'"; fi
 
 # Classification from the model flags (softmax, as the targets are class ids).
 expect train-cls 0 "$RUN" train --data cls/X.npy --targets cls/Y.npy --hidden 32 --batch 50 --epochs 10 \
