@@ -9,9 +9,11 @@
 // FMA math (no TF32: results stay comparable with the CPU's) and come in two
 // variants: `cudnn`, cuDNN's fastest algorithm for the shapes, and
 // `cudnn_det`, the fastest of its deterministic ones, which the planner takes
-// when determinism is asked for. Pooling uses cuDNN's deterministic max
+// when determinism is asked for; either among those whose workspace is
+// within workspace_cap (below). Pooling uses cuDNN's deterministic max
 // pooling; batch normalisation is cuDNN's spatial mode, which also moves the
 // running averages (unbiased variance, as PyTorch).
+#include <algorithm>
 #include <climits>
 #include <map>
 #include <memory>
@@ -172,15 +174,52 @@ void conv_descs(const KernelArgs& a, const TensorView& w, Prepared& p) {
                        "cudnnSetConvolutionMathType", p);
 }
 
-// The first algorithm cuDNN ranks that works (and, `det`, is deterministic).
-template <class Perf>
-bool pick(const Perf* perf, int n, bool det, Prepared& p) {
-  for (int i = 0; i < n; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-        (!det || perf[i].determinism == CUDNN_DETERMINISTIC)) {
+// The most workspace a convolution may ask for: its largest operand, or
+// 16 MiB where every operand is smaller. cuDNN's heuristics rank algorithms
+// by speed alone, and some (FFT, non-fused Winograd) ask for workspaces many
+// times their operands; the workspace is planned in the arena for its launch,
+// so one such pick can keep a program from a budget its tensors fit. (On an
+// H200, ResNet-50 at 128 pixels, batch 32, was refused at a third of its
+// arena, needing 332 MiB where the CPU plans the same layout's programs in
+// 244; the workspaces are the part that differs; not yet confirmed on the
+// card.) A cap that depends on the shapes alone, not on
+// the budget, keeps the same algorithm, and so the same bits, at every
+// budget.
+size_t workspace_cap(const KernelArgs& a) {
+  int64_t largest = 0;
+  for (int i = 0; i < a.n_in; ++i) largest = std::max(largest, a.in[i].numel());
+  for (int i = 0; i < a.n_out; ++i) largest = std::max(largest, a.out[i].numel());
+  return std::max(static_cast<size_t>(largest) * sizeof(float), size_t{16} << 20);
+}
+
+// The first algorithm cuDNN ranks that works (and, `det`, is deterministic)
+// whose workspace (`ws_of(algo, &bytes)`) is within `cap`; where none is, the
+// one of those with the smallest workspace. Sets p.algo and p.ws.
+template <class Perf, class WsOf>
+bool pick(const Perf* perf, int n, bool det, size_t cap, WsOf ws_of, Prepared& p) {
+  int fallback = -1;
+  size_t fallback_ws = 0;
+  for (int i = 0; i < n; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS ||
+        (det && perf[i].determinism != CUDNN_DETERMINISTIC))
+      continue;
+    size_t ws = 0;
+    if (ws_of(perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS) continue;
+    if (ws <= cap) {
       p.algo = static_cast<int>(perf[i].algo);
+      p.ws = ws;
       return true;
     }
+    if (fallback < 0 || ws < fallback_ws) {
+      fallback = static_cast<int>(perf[i].algo);
+      fallback_ws = ws;
+    }
+  }
+  if (fallback >= 0) {
+    p.algo = fallback;
+    p.ws = fallback_ws;
+    return true;
+  }
   std::snprintf(p.why, sizeof p.why, "cuDNN offers no %salgorithm for these shapes",
                 det ? "deterministic " : "");
   return false;
@@ -196,14 +235,13 @@ void build_conv(const KernelArgs& a, cudnnHandle_t h, bool det, Prepared& p) {
   if (!p.ok) return;
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int n = 0;
+  auto ws_of = [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+    return cudnn().cudnnGetConvolutionForwardWorkspaceSize(h, p.a, p.w, p.conv, p.b, algo, bytes);
+  };
   p.ok = check(cudnn().cudnnGetConvolutionForwardAlgorithm_v7(
                    h, p.a, p.w, p.conv, p.b, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf),
                "cudnnGetConvolutionForwardAlgorithm_v7", p) &&
-         pick(perf, n, det, p);
-  p.ok = p.ok &&
-         check(cudnn().cudnnGetConvolutionForwardWorkspaceSize(
-                   h, p.a, p.w, p.conv, p.b, static_cast<cudnnConvolutionFwdAlgo_t>(p.algo), &p.ws),
-               "cudnnGetConvolutionForwardWorkspaceSize", p);
+         pick(perf, n, det, workspace_cap(a), ws_of, p);
 }
 
 // a = dx, b = dy.
@@ -214,14 +252,14 @@ void build_conv_grad_input(const KernelArgs& a, cudnnHandle_t h, bool det, Prepa
   if (!p.ok) return;
   cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
   int n = 0;
+  auto ws_of = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+    return cudnn().cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.b, p.conv, p.a, algo,
+                                                                bytes);
+  };
   p.ok = check(cudnn().cudnnGetConvolutionBackwardDataAlgorithm_v7(
                    h, p.w, p.b, p.conv, p.a, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
                "cudnnGetConvolutionBackwardDataAlgorithm_v7", p) &&
-         pick(perf, n, det, p);
-  p.ok = p.ok && check(cudnn().cudnnGetConvolutionBackwardDataWorkspaceSize(
-                           h, p.w, p.b, p.conv, p.a,
-                           static_cast<cudnnConvolutionBwdDataAlgo_t>(p.algo), &p.ws),
-                       "cudnnGetConvolutionBackwardDataWorkspaceSize", p);
+         pick(perf, n, det, workspace_cap(a), ws_of, p);
 }
 
 // a = x, b = dy, c = db [1, O, 1, 1]; the filter is dw's.
@@ -234,14 +272,14 @@ void build_conv_grad_weight(const KernelArgs& a, cudnnHandle_t h, bool det, Prep
   if (!p.ok) return;
   cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
   int n = 0;
+  auto ws_of = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+    return cudnn().cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.a, p.b, p.conv, p.w, algo,
+                                                                  bytes);
+  };
   p.ok = check(cudnn().cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                    h, p.a, p.b, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
                "cudnnGetConvolutionBackwardFilterAlgorithm_v7", p) &&
-         pick(perf, n, det, p);
-  p.ok = p.ok && check(cudnn().cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                           h, p.a, p.b, p.conv, p.w,
-                           static_cast<cudnnConvolutionBwdFilterAlgo_t>(p.algo), &p.ws),
-                       "cudnnGetConvolutionBackwardFilterWorkspaceSize", p);
+         pick(perf, n, det, workspace_cap(a), ws_of, p);
 }
 
 template <bool Det>
