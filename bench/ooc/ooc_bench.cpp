@@ -2,7 +2,9 @@
 // link. For each model: the in-core step, then every strategy at budgets of
 // 1/2, 1/3 and 1/5 of the in-core step's arena (below the weights and
 // optimizer state, the session pages them to the host pool), each as a
-// ratio to the in-core step time, with the simulator's prediction against
+// ratio to the in-core step time (a budget's sessions and the in-core one
+// timed in rounds, two steps of each a round, the second timed), with the
+// simulator's prediction against
 // the measured time and the planning time (all the session's planning: every
 // paging level and count it tries, each with its search).
 //
@@ -13,9 +15,13 @@
 // compute as they would there.
 //
 //   pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning] [--cnn]
-//                   [--activations]
+//                   [--activations] [--only NAME] [--device cpu|cuda]
 //
+// --device cuda: the same tables on a GPU (tests/device/run.sh), over the
+// card's own link: no emulation, no scaling. The planning table stays the
+// CPU's.
 // --planning: only the planning-time table (plan-only sessions).
+// --only NAME: one benchmark model of the table (e.g. vgg16-64px with --cnn).
 // --cnn: PoocH's own workloads instead, ResNet-50 and VGG-16 (small images
 // so that a step takes seconds on a CPU).
 // --activations: budgets that take 1/2, 2/3 and 4/5 of the saved
@@ -30,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -133,19 +140,26 @@ void fill_inputs(Session& s, int step) {
   }
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds of one train step on the inputs of step k.
+double time_step(Session& s, int k) {
+  fill_inputs(s, k);
+  const auto a = std::chrono::steady_clock::now();
+  s.run(ProgramKind::train_step);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+}
+
 // Median seconds of `steps` train steps (after one warm-up).
 double time_steps(Session& s, int steps) {
   fill_inputs(s, 0);
   s.run(ProgramKind::train_step);
   std::vector<double> t;
-  for (int k = 1; k <= steps; ++k) {
-    fill_inputs(s, k);
-    const auto a = std::chrono::steady_clock::now();
-    s.run(ProgramKind::train_step);
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  for (int k = 1; k <= steps; ++k) t.push_back(time_step(s, k));
+  return median(t);
 }
 
 double flops_of(const Graph& g, const Node& n) {
@@ -212,6 +226,8 @@ void planning_table(int threads) {
 int main(int argc, char** argv) {
   int steps = 7, threads = 2;
   bool quick = false, planning_only = false, cnns = false, activations = false;
+  std::string only;  // --only NAME: that benchmark model alone
+  DeviceKind device = DeviceKind::cpu;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--planning")
@@ -226,15 +242,21 @@ int main(int argc, char** argv) {
       cnns = true;
     else if (a == "--activations")
       activations = true;
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
+    else if (a == "--device" && i + 1 < argc &&
+             (argv[i + 1] == std::string("cpu") || argv[i + 1] == std::string("cuda")))
+      device = parse_device_kind(argv[++i]);
     else {
       fmt::print(stderr,
                  "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning] "
-                 "[--cnn] [--activations]\n");
+                 "[--cnn] [--activations] [--only NAME] [--device cpu|cuda]\n");
       return 2;
     }
   }
   try {
-    if (!cnns) planning_table(threads);  // --cnn: the CNN workloads alone
+    // --cnn: the CNN workloads alone; on a GPU the tables alone
+    if (!cnns && device == DeviceKind::cpu) planning_table(threads);
   } catch (const Error& e) {
     fmt::print(stderr, "pooch-bench-ooc: {}\n", e.what());
     return 1;
@@ -246,11 +268,19 @@ int main(int argc, char** argv) {
     benches = {{"resnet50-64px", cnn(Family::resnet, 50, 64, 8)},
                {"vgg16-64px", cnn(Family::vgg, 16, 64, 8)}};
   if (quick) benches.resize(1);
+  if (!only.empty()) {
+    std::erase_if(benches, [&](const Bench& b) { return b.name != only; });
+    if (benches.empty()) {
+      fmt::print(stderr, "pooch-bench-ooc: --only {}: no such benchmark model here\n", only);
+      return 2;
+    }
+  }
   try {
     for (const Bench& b : benches) {
       SessionConfig base;
-      base.device = DeviceKind::cpu;
+      base.device = device;
       base.threads = threads;
+      const bool emulated = device == DeviceKind::cpu;  // the link, scaled to a GTX 1650's
       // In core: the time every ratio divides, and the CPU's compute rate.
       Session in_core(build_model(b.spec), base);
       fill_inputs(in_core, 0);
@@ -264,9 +294,10 @@ int main(int argc, char** argv) {
       const double rate = flops / std::max(secs, 1e-9);
       const double scale = rate / kCardFlops;
       const double link = kCardLink * scale;
-      // Every ratio divides by this first in-core run. It is measured again
-      // after the strategies' sessions and printed beside it, so that a reader
-      // sees how far the machine moved during the table.
+      // The in-core step before the strategies; each budget's ratios divide
+      // by the in-core steps timed in that budget's rounds (below), and it is
+      // measured again after them, so that a reader sees how far the machine
+      // moved during the table.
       double t_in = time_steps(in_core, steps);
       const size_t arena = in_core.out_of_core().in_core_arena;
       size_t persistent = 0;
@@ -280,15 +311,33 @@ int main(int argc, char** argv) {
       const double sim_in = in_core.out_of_core().predicted_seconds;
       fmt::print(
           "\n{}: in-core step {:.1f} ms (simulated {:.1f} ms, {:+.1f}%), arena {:.1f} MiB "
-          "(weights and optimizer state {:.1f} MiB, saved activations {:.1f} MiB); CPU {:.1f} "
-          "GFLOP/s = {:.4f} x GTX 1650, so the link is {:.3g} MB/s and {:.0f} us a copy\n",
+          "(weights and optimizer state {:.1f} MiB, saved activations {:.1f} MiB); {} {:.1f} "
+          "GFLOP/s",
           b.name, t_in * 1e3, sim_in * 1e3, (sim_in - t_in) / t_in * 100, arena / 1048576.0,
-          persistent / 1048576.0, saved / 1048576.0, rate / 1e9, scale, link / 1e6,
-          kCardLatency / scale * 1e6);
+          persistent / 1048576.0, saved / 1048576.0, in_core.backend_name(), rate / 1e9);
+      if (emulated)
+        fmt::print(" = {:.4f} x GTX 1650, so the link is {:.3g} MB/s and {:.0f} us a copy\n", scale,
+                   link / 1e6, kCardLatency / scale * 1e6);
+      else
+        fmt::print(", over the card's own link (measured by each session's profiled steps)\n");
       fmt::print("{:<16} {:>7} {:>10} {:>9} {:>9} {:>9} {:>11} {:>8} {:>9} {:>8}\n", "strategy",
                  "budget", "arena MiB", "swap MiB", "recomp.", "paged", "measured", "ratio",
                  "sim err", "plan ms");
       for (double keep : {1.0 / 2, 1.0 / 3, 1.0 / 5}) {
+        // Every strategy's session first (each measured and planned again,
+        // as a session that trains for a while is), then their steps timed
+        // in rounds, one step of each (the in-core session's too) a round:
+        // the machine's drift over a budget's minute then moves every
+        // strategy alike, where timing one strategy after the other let it
+        // decide which of two close plans measured faster.
+        struct Run {
+          Strategy strategy;
+          std::unique_ptr<Session> session;
+          double predicted = 0;
+          std::vector<double> seconds;
+        };
+        std::vector<Run> runs;
+        const std::string budget_name = fmt::format("{}1/{:.0f}", activations ? "a" : "", 1 / keep);
         for (Strategy st : {Strategy::swap_all, Strategy::recompute_all, Strategy::checkpoint_sqrt,
                             Strategy::pooch_greedy, Strategy::automatic}) {
           SessionConfig oc = base;
@@ -296,31 +345,61 @@ int main(int argc, char** argv) {
           oc.device_memory =
               activations ? arena - static_cast<size_t>(static_cast<double>(saved) * (1 - keep))
                           : static_cast<size_t>(static_cast<double>(arena) * keep);
-          oc.link_bandwidth = link;
-          oc.link_latency = kCardLatency / scale;
+          if (emulated) {
+            oc.link_bandwidth = link;
+            oc.link_latency = kCardLatency / scale;
+          }
           try {
-            Session s(build_model(b.spec), oc);
-            fill_inputs(s, 0);
+            auto s = std::make_unique<Session>(build_model(b.spec), oc);
+            fill_inputs(*s, 0);
             // Measures, then plans again from the measurement: three times,
             // so that the profile is each node's median over three steps
             // (the first step of a session runs cold: fresh arena pages,
             // first kernel calls) as a session that trains for a while has.
-            for (int k = 0; k < kProfiledSteps; ++k) s.run_profiled_train_step();
-            const double predicted = s.out_of_core().predicted_seconds;
-            const double t = time_steps(s, steps);
-            const OutOfCoreReport& r = s.out_of_core();
-            fmt::print(
-                "{:<16} {:>7} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f}ms {:>7.2f}x {:>8.1f}% "
-                "{:>8.1f}\n",
-                strategy_name(st), fmt::format("{}1/{:.0f}", activations ? "a" : "", 1 / keep),
-                s.memory_plan().peak / 1048576.0, r.swapped_bytes / 1048576.0,
-                r.recomputed_bytes / 1048576.0, r.paged_bytes / 1048576.0, t * 1e3, t / t_in,
-                (predicted - t) / t * 100, r.planning_seconds * 1e3);
+            for (int k = 0; k < kProfiledSteps; ++k) s->run_profiled_train_step();
+            s->run(ProgramKind::train_step);  // warm: the plan just made runs once untimed
+            const double predicted = s->out_of_core().predicted_seconds;
+            runs.push_back({st, std::move(s), predicted, {}});
           } catch (const Error& e) {
-            fmt::print("{:<16} {:>9} does not fit: {}\n", strategy_name(st),
-                       fmt::format("{}1/{:.0f}", activations ? "a" : "", 1 / keep), e.what());
+            fmt::print("{:<16} {:>9} does not fit: {}\n", strategy_name(st), budget_name, e.what());
           }
         }
+        // Each round starts one session further on, so that no session
+        // always follows the same one (a step right after checkpoint-sqrt's
+        // slow one measured 4% slower: the same pooch-greedy plan, 131.6 ms
+        // there and 125.6 ms first). In a round a session runs two steps and
+        // the second is timed: its caches then hold what its own step left,
+        // as when it trains alone (timed straight after another session's
+        // step, XMC's in-core step took 19.5 ms instead of 10.1).
+        std::vector<double> in_core_seconds;
+        const size_t n_runs = runs.size() + 1;  // and the in-core session, last
+        auto warm_then_time = [&](Session& s, int k) {
+          fill_inputs(s, k);
+          s.run(ProgramKind::train_step);
+          return time_step(s, k);
+        };
+        for (int k = 1; k <= steps; ++k)
+          for (size_t j = 0; j < n_runs; ++j) {
+            const size_t at = (j + static_cast<size_t>(k)) % n_runs;
+            if (at == runs.size())
+              in_core_seconds.push_back(warm_then_time(in_core, k));
+            else
+              runs[at].seconds.push_back(warm_then_time(*runs[at].session, k));
+          }
+        const double t_round = median(in_core_seconds);
+        for (const Run& run : runs) {
+          const double t = median(run.seconds);
+          const OutOfCoreReport& r = run.session->out_of_core();
+          fmt::print(
+              "{:<16} {:>7} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f}ms {:>7.2f}x {:>8.1f}% "
+              "{:>8.1f}\n",
+              strategy_name(run.strategy), budget_name, run.session->memory_plan().peak / 1048576.0,
+              r.swapped_bytes / 1048576.0, r.recomputed_bytes / 1048576.0,
+              r.paged_bytes / 1048576.0, t * 1e3, t / t_round, (run.predicted - t) / t * 100,
+              r.planning_seconds * 1e3);
+        }
+        fmt::print("{:<16} {:>7} in-core step in the same rounds: {:.1f} ms (the ratios' base)\n",
+                   "", budget_name, t_round * 1e3);
       }
       const double again = time_steps(in_core, steps);
       fmt::print("in-core step measured again after the strategies: {:.1f} ms (first {:.1f} ms)\n",

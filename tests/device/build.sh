@@ -5,7 +5,7 @@
 #
 #   build-device/dist/pooch-device.tar.xz, which holds
 #     bin/           pooch-opcheck, test_cuda_backend, pooch-bench-cuda, pooch-bench-lm,
-#                    pooch-run
+#                    pooch-bench-ooc, pooch-run
 #     lib/           every shared library they need that is neither glibc/libstdc++
 #                    nor a CUDA library (libpooch, fmt, mimalloc, libgomp, ...):
 #                    the GPU machine provides those two
@@ -39,7 +39,7 @@ DIST=$BUILD/dist
 STAGE=$BUILD/dist-stage
 ARCHIVE=pooch-device.tar.xz
 TARGETS=(tests/pooch-opcheck tests/test_cuda_backend bench/pooch-bench-cuda bench/pooch-bench-lm
-         apps/pooch-run)
+         bench/pooch-bench-ooc apps/pooch-run)
 LIMIT_MIB=40  # what the archive may take of the device tool's 64 MiB
 
 if [ ! -f "$BUILD/build.ninja" ]; then

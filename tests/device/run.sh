@@ -22,7 +22,8 @@
 #   6. out of core on the GPU: GPT-2 124M- and ResNet-50-shaped models train
 #      a few steps in core, then with the arena at 1/3 and 1/5 of that
 #      (ooc.sh): the step time of each against in core, and whether the
-#      weights are byte for byte the in-core ones       (ooc.txt)
+#      weights are byte for byte the in-core ones; then bench/ooc's tables
+#      (pooch-bench-ooc --device cuda), time permitting   (ooc.txt)
 #   7. GPT-2 124M beside PyTorch on the same card: pooch-bench-lm --device
 #      cuda (with its time per op kind) and bench/peers/lm_torch.py --device
 #      cuda (transformers' GPT2LMHeadModel, f32, TF32 off), the same shapes:
@@ -313,6 +314,31 @@ for model in gpt resnet50; do
     say "$model out of core exit $rc"
   fi
 done
+# Then bench/ooc's tables on the card (every strategy at 1/2, 1/3 and 1/5 of
+# the in-core arena, and the CNNs' activations 2, 3 and 5 times
+# oversubscribed; its own link, no emulation), appended to ooc.txt.
+t=$(( $(left) - 200 ))
+[ $t -gt 90 ] && t=90
+if ! wanted 6; then
+  :
+elif [ ! -x "$BIN/pooch-bench-ooc" ]; then
+  row "ooc bench" "SKIP" "no pooch-bench-ooc in the binaries (rebuild with tests/device/build.sh)"
+elif [ $t -lt 30 ]; then
+  row "ooc bench" "SKIP" "no time left"
+else
+  echo "== pooch-bench-ooc --device cuda --steps 7 (then --cnn --activations)" >> "$OUT/ooc.txt"
+  timeout $t bash -c '"$1" --device cuda --steps 7 && "$1" --device cuda --steps 7 --cnn --activations' \
+    _ "$BIN/pooch-bench-ooc" > "$TMPD/ooc_bench.txt" 2>&1
+  rc=$?
+  cat "$TMPD/ooc_bench.txt" >> "$OUT/ooc.txt"
+  brief=$(grep -E '^auto +(a)?1/3 ' "$TMPD/ooc_bench.txt" | awk '{print $(NF-2)}' | tr '\n' ' ')
+  case $rc in
+    0) row "ooc bench" "ok" "auto at 1/3 (each model): ${brief:-?}(ooc.txt)" ;;
+    124) STATUS=1; row "ooc bench" "TIMEOUT" "after ${t}s (ooc.txt has what ran)" ;;
+    *) STATUS=1; row "ooc bench" "FAIL" "exit $rc; $(grep -m1 -iE 'error|pooch-bench-ooc:' "$TMPD/ooc_bench.txt" | cut -c1-120)" ;;
+  esac
+  say "ooc bench exit $rc"
+fi
 
 # ---- 7. GPT-2 124M beside PyTorch on the same card --------------------------------------
 # Context 1024, batch 8, GPT-2's vocabulary, random weights, 5 steps (the
