@@ -93,6 +93,12 @@ class Backend {
     double faster_by = 10;
   };
   virtual Roofline nominal_roofline() const { return {}; }
+  // Seconds of compute a copy of one byte takes from the kernels running
+  // beside it: 0 where copies run on engines of their own (a GPU's DMA),
+  // what a memcpy costs where threads on the kernels' cores make them (the
+  // CPU backend, when its kernels use every core). The simulator charges it
+  // to the compute stream (LinkModel::compute_seconds_per_byte).
+  virtual double copy_compute_seconds_per_byte() const { return 0; }
 
   // What kernels are told about the device when they are planned
   // (KernelArgs::device): null on the CPU, the CUDA launch environment there.

@@ -149,6 +149,7 @@ Profile median_profile(const std::vector<Profile>& runs) {
   for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].link.d2h_bandwidth;
   p.link.d2h_bandwidth = median_of(v);
   p.link.latency = runs.back().link.latency;  // not measured: the model's
+  p.link.compute_seconds_per_byte = runs.back().link.compute_seconds_per_byte;
   return p;
 }
 
@@ -180,9 +181,19 @@ std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
       case StepKind::copy_out: {
         const double bw =
             st.kind == StepKind::copy_in ? p.link.h2d_bandwidth : p.link.d2h_bandwidth;
+        const auto bytes = static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes);
         out[i].start = now;
-        now += p.link.latency +
-               static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes) / bw;
+        now += p.link.latency + bytes / bw;
+        // A copy made by the compute cores delays the kernels that run
+        // while it is made: those after the compute stream's time, where the
+        // copy starts no later (a swap-out starts at its producer's end, which
+        // is the compute stream's time when it is replayed). Where the
+        // compute stream then waits for this copy, the copy's own end, later
+        // on a link slower than memcpy, decides.
+        double& compute = t[static_cast<int>(Stream::compute)];
+        if (p.link.compute_seconds_per_byte > 0 && st.stream != Stream::compute &&
+            out[i].start <= compute)
+          compute += bytes * p.link.compute_seconds_per_byte;
         break;
       }
       case StepKind::record:

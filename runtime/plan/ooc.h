@@ -28,6 +28,11 @@ struct LinkModel {
   double h2d_bandwidth = 12e9;  // bytes per second
   double d2h_bandwidth = 12e9;
   double latency = 10e-6;  // seconds per copy
+  // Seconds a copy of one byte takes from the compute stream while it runs
+  // beside it: 0 where copies have engines of their own (a GPU's), the
+  // memcpy's time where they are made by threads on the cores the kernels
+  // use (Backend::copy_compute_seconds_per_byte).
+  double compute_seconds_per_byte = 0;
 };
 
 struct Profile {

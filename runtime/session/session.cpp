@@ -120,6 +120,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     LinkModel link;
     if (cfg.link_bandwidth > 0) link.h2d_bandwidth = link.d2h_bandwidth = cfg.link_bandwidth;
     if (cfg.link_latency > 0) link.latency = cfg.link_latency;
+    link.compute_seconds_per_byte = backend_->copy_compute_seconds_per_byte();
     // Until a step is measured, node times are estimated from FLOPs and
     // bytes at the backend's nominal rates.
     const Backend::Roofline r = backend_->nominal_roofline();

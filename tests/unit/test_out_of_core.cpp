@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "latency_bound.h"
 #include "runtime/core/error.h"
@@ -731,6 +732,41 @@ Profile profile_of(std::vector<double> nodes, double h2d, double d2h) {
 
 // The measured profile is each node's median over the profiled runs: one
 // slow run (another process's burst) moves nothing.
+// Where the backend's copies are made by the cores its kernels use (the CPU
+// backend with every core in its kernels), the simulator charges a copy's
+// bytes to the compute stream while it overlaps compute; the charge is never
+// more than all the copies' bytes at that rate, and changes no kernel time.
+TEST(Simulator, CopiesMadeByTheComputeCoresDelayTheKernels) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 1;
+  Session in_core(build_model(norm_spec()), cfg);
+  SessionConfig oc = cfg;
+  oc.device_memory = budget_keeping(in_core, 0.5);
+  oc.link_bandwidth = 1e9;  // copies long enough to overlap kernels
+  Session s(build_model(norm_spec()), oc);
+  const Schedule& sc = *s.schedule(ProgramKind::train_step);
+  double copied = 0;
+  for (const auto& c : sc.copies) copied += static_cast<double>(c.bytes);
+  ASSERT_GT(copied, 0);
+  Profile free_copies = s.profile(), busy_copies = s.profile();
+  free_copies.link.compute_seconds_per_byte = 0;
+  busy_copies.link.compute_seconds_per_byte = 1e-9;
+  const Simulation a = simulate(sc, free_copies), b = simulate(sc, busy_copies);
+  EXPECT_GT(b.seconds, a.seconds);
+  EXPECT_LE(b.seconds, a.seconds + copied * 1e-9 * (1 + 1e-12));
+  EXPECT_EQ(a.compute_seconds, b.compute_seconds);
+  // The backend says so only where the kernels take every core.
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 1) {
+    EXPECT_EQ(s.profile().link.compute_seconds_per_byte, 0.0);
+  }
+  SessionConfig all = oc;
+  all.threads = static_cast<int>(std::max(cores, 1u));
+  Session every_core(build_model(norm_spec()), all);
+  EXPECT_GT(every_core.profile().link.compute_seconds_per_byte, 0.0);
+}
+
 TEST(Profiler, TheProfileIsEachNodesMedianOverTheRuns) {
   const Profile m = median_profile(
       {profile_of({1, 10}, 5e9, 4e9), profile_of({9, 2}, 6e9, 1e9), profile_of({2, 3}, 7e9, 2e9)});

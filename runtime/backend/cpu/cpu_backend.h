@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override;
 
   const char* name() const override { return "cpu"; }
+  double copy_compute_seconds_per_byte() const override;
   BackendCaps caps() const override;
   MemoryInfo memory_info() const override;
 
