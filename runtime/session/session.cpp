@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "../../kernels/common/layout.h"
@@ -333,17 +334,29 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         lo = mid;
       }
     }
-    size_t best = cand.size();
-    double best_slowdown = all_slowdown;
-    // A count whose step is within kCloseEnough of in core is as good as any
-    // (the simulator's error against measured steps is up to 10% on
-    // bench/ooc): the fewest such on the grid stands, and no more counts are
-    // planned. (ResNet-50 at 128 pixels in a third of its arena planned 18
-    // counts, each a full search, to go from 1.0070x to 1.0066x; 0.52 s.)
-    constexpr double kCloseEnough = 1.02;
+    // Slowdowns within kTie of each other are a tie (the simulator's error
+    // against measured steps is up to 10% on bench/ooc), and a tie goes to
+    // paging fewer: the count kept is the fewest planned whose step is
+    // within kTie of the fastest planned. A count within kTie of in core
+    // ties with any, so once the grid reaches one no more are planned.
+    // (ResNet-50 at 128 pixels in a third of its arena planned 18 counts,
+    // each a full search, to go from 1.0070x to 1.0066x: 0.52 s.)
+    constexpr double kTie = 1.02;
+    std::map<size_t, double> slowdown_at;  // every count planned that fitted
+    slowdown_at[cand.size()] = all_slowdown;
+    auto fastest_seen = [&] {
+      double f = all_slowdown;
+      for (const auto& [k, sd] : slowdown_at) f = std::min(f, sd);
+      return f;
+    };
+    auto kept = [&] {
+      const double f = fastest_seen();
+      for (const auto& [k, sd] : slowdown_at)
+        if (sd <= f * kTie) return k;
+      return cand.size();
+    };
     std::vector<char> planned(cand.size() + 1, 0);
     planned[cand.size()] = 1;
-    // A count that plans a faster step stands; of equal ones, the fewer.
     auto try_count = [&](size_t k) {
       if (k < hi || k > cand.size() || planned[k]) return;
       planned[k] = 1;
@@ -353,24 +366,48 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
         return;
       }
-      const double sd = slowdown();
-      if (sd < best_slowdown || (sd == best_slowdown && k < best) ||
-          (sd <= kCloseEnough && k < best)) {
-        best = k;
-        best_slowdown = sd;
-      }
+      slowdown_at[k] = slowdown();
     };
-    for (size_t q = 0; q < 8 && (best == cand.size() || best_slowdown > kCloseEnough); ++q)
-      try_count(hi + (cand.size() - hi) * q / 8);
-    // Then around the best count, the step halved each round: how many are
-    // paged moves the activations' plan in jumps, so a count between two of
-    // the grid's can plan faster than both (a small ResNet-50 over a 1 GB/s
-    // link with 1 ms a copy: 0.023 s at 5.05 MB, 0.093 s at 5.1 MB before).
-    for (size_t d = (cand.size() - hi) / 16; d > 0 && best_slowdown > kCloseEnough; d /= 2) {
-      const size_t at = best;
+    std::vector<size_t> grid;
+    for (size_t q = 0; q < 8; ++q) {
+      const size_t k = hi + (cand.size() - hi) * q / 8;
+      try_count(k);
+      grid.push_back(k);
+      if (auto it = slowdown_at.find(k); it != slowdown_at.end() && it->second <= kTie) break;
+    }
+    grid.push_back(cand.size());
+    // Then, where the grid shows a jump beside its fastest count (a
+    // neighbour not within kTie of it), around that count with the step
+    // halved each round: how many are paged moves the activations' plan in
+    // jumps, so a count between two of the grid's can plan faster than both
+    // (a small ResNet-50 over a 1 GB/s link with 1 ms a copy: 0.023 s at
+    // 5.05 MB, 0.093 s at 5.1 MB before). A flat grid is not refined.
+    bool jump = false;
+    {
+      const double f = fastest_seen();
+      for (size_t i = 0; i < grid.size(); ++i) {
+        auto at = slowdown_at.find(grid[i]);
+        if (at == slowdown_at.end() || at->second != f) continue;
+        for (size_t j : {i - 1, i + 1})
+          if (j < grid.size()) {
+            auto n = slowdown_at.find(grid[j]);
+            jump = jump || n == slowdown_at.end() || n->second > f * kTie;
+          }
+        break;
+      }
+    }
+    for (size_t d = (cand.size() - hi) / 16; jump && fastest_seen() > kTie && d > 0; d /= 2) {
+      const double f = fastest_seen();
+      size_t at = cand.size();
+      for (const auto& [k, sd] : slowdown_at)
+        if (sd == f) {
+          at = k;
+          break;
+        }
       if (at >= d) try_count(at - d);
       try_count(at + d);
     }
+    const size_t best = kept();
     mask = plan_first(best);
   };
   // Paging more does not only rescue a step that fits no other way: a level
