@@ -77,6 +77,20 @@ backtrace() {
     --args "$@" 2>&1 | grep -vE '^\[(New|Thread|Detaching)' | tail -n 60 >> "$log"
 }
 left() { echo $((BUDGET - $(elapsed))); }
+# Whether step STEP runs now: asked for, its binary there, and at least MIN
+# of the T seconds it may take left; otherwise a SKIP row says why.
+#   may_run STEP ROW_NAME BINARY MIN T
+may_run() {
+  wanted "$1" || return 1
+  if [ ! -x "$BIN/$3" ]; then
+    row "$2" "SKIP" "no $3 in the binaries (rebuild with tests/device/build.sh)"
+    return 1
+  fi
+  if [ "$5" -lt "$4" ]; then
+    row "$2" "SKIP" "no time left"
+    return 1
+  fi
+}
 row() { ROWS+=("$(printf '%-20s %-9s %s' "$1" "$2" "$3")"); }
 say() { echo "run.sh [$(elapsed)s] $*"; }
 
@@ -319,13 +333,7 @@ done
 # oversubscribed; its own link, no emulation), appended to ooc.txt.
 t=$(( $(left) - 200 ))
 [ $t -gt 90 ] && t=90
-if ! wanted 6; then
-  :
-elif [ ! -x "$BIN/pooch-bench-ooc" ]; then
-  row "ooc bench" "SKIP" "no pooch-bench-ooc in the binaries (rebuild with tests/device/build.sh)"
-elif [ $t -lt 30 ]; then
-  row "ooc bench" "SKIP" "no time left"
-else
+if may_run 6 "ooc bench" pooch-bench-ooc 30 $t; then
   echo "== pooch-bench-ooc --device cuda --steps 7 (then --cnn --activations)" >> "$OUT/ooc.txt"
   timeout $t bash -c '"$1" --device cuda --steps 7 && "$1" --device cuda --steps 7 --cnn --activations' \
     _ "$BIN/pooch-bench-ooc" > "$TMPD/ooc_bench.txt" 2>&1
@@ -349,13 +357,7 @@ LM_SHAPE=(--layers 12 --heads 12 --width 768 --vocab 50257 --ctx 1024 --batch 8 
           --threads 16 --gen-tokens 32 --device cuda)
 t=$(( $(left) - 150 ))
 [ $t -gt 120 ] && t=120
-if ! wanted 7; then
-  :
-elif [ ! -x "$BIN/pooch-bench-lm" ]; then
-  row "gpt vs torch" "SKIP" "no pooch-bench-lm in the binaries (rebuild with tests/device/build.sh)"
-elif [ $t -lt 40 ]; then
-  row "gpt vs torch" "SKIP" "no time left"
-else
+if may_run 7 "gpt vs torch" pooch-bench-lm 40 $t; then
   echo "== pooch-bench-lm ${LM_SHAPE[*]} --profile 1" > "$LM"
   timeout $((t / 2)) "$BIN/pooch-bench-lm" "${LM_SHAPE[@]}" --profile 1 >> "$LM" 2>&1
   prc=$?
