@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
       for (double keep : {1.0 / 2, 1.0 / 3, 1.0 / 5}) {
         // Every strategy's session first (each measured and planned again,
         // as a session that trains for a while is), then their steps timed
-        // in rounds, one step of each (the in-core session's too) a round:
+        // in rounds, two steps of each (the in-core session's too) a round:
         // the machine's drift over a budget's minute then moves every
         // strategy alike, where timing one strategy after the other let it
         // decide which of two close plans measured faster.
@@ -369,13 +369,11 @@ int main(int argc, char** argv) {
         // slow one measured 4% slower: the same pooch-greedy plan, 131.6 ms
         // there and 125.6 ms first). In a round a session runs two steps and
         // the second is timed: its caches then hold what its own step left,
-        // as when it trains alone (timed straight after another session's
-        // step, XMC's in-core step took 19.5 ms instead of 10.1).
+        // as when it trains alone.
         std::vector<double> in_core_seconds;
         const size_t n_runs = runs.size() + 1;  // and the in-core session, last
         auto warm_then_time = [&](Session& s, int k) {
-          fill_inputs(s, k);
-          s.run(ProgramKind::train_step);
+          time_step(s, k);
           return time_step(s, k);
         };
         for (int k = 1; k <= steps; ++k)

@@ -346,11 +346,13 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     constexpr double kTie = 1.02;
     std::map<size_t, double> slowdown_at;  // every count planned that fitted
     slowdown_at[cand.size()] = all_slowdown;
-    auto fastest_seen = [&] {
-      double f = all_slowdown;
-      for (const auto& [k, sd] : slowdown_at) f = std::min(f, sd);
-      return f;
+    // The fewest of the counts planned whose step is the fastest.
+    auto fastest_count = [&] {
+      return std::min_element(slowdown_at.begin(), slowdown_at.end(),
+                              [](const auto& a, const auto& b) { return a.second < b.second; })
+          ->first;
     };
+    auto fastest_seen = [&] { return slowdown_at.at(fastest_count()); };
     auto kept = [&] {
       const double f = fastest_seen();
       for (const auto& [k, sd] : slowdown_at)
@@ -404,26 +406,16 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     // 5.05 MB, 0.093 s at 5.1 MB before). A flat grid is not refined.
     bool jump = false;
     {
-      const double f = fastest_seen();
-      for (size_t i = 0; i < grid.size(); ++i) {
-        auto at = slowdown_at.find(grid[i]);
-        if (at == slowdown_at.end() || at->second != f) continue;
-        for (size_t j : {i - 1, i + 1})
-          if (j < grid.size()) {
-            auto n = slowdown_at.find(grid[j]);
-            jump = jump || n == slowdown_at.end() || n->second > f * kTie;
-          }
-        break;
-      }
+      const size_t i =
+          static_cast<size_t>(std::find(grid.begin(), grid.end(), fastest_count()) - grid.begin());
+      for (size_t j : {i - 1, i + 1})
+        if (i < grid.size() && j < grid.size()) {
+          auto n = slowdown_at.find(grid[j]);
+          jump = jump || n == slowdown_at.end() || n->second > fastest_seen() * kTie;
+        }
     }
     for (size_t d = (cand.size() - hi) / 16; jump && fastest_seen() > kTie && d > 0; d /= 2) {
-      const double f = fastest_seen();
-      size_t at = cand.size();
-      for (const auto& [k, sd] : slowdown_at)
-        if (sd == f) {
-          at = k;
-          break;
-        }
+      const size_t at = fastest_count();
       if (at >= d) try_count(at - d);
       try_count(at + d);
     }

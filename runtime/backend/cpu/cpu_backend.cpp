@@ -88,10 +88,6 @@ std::byte* take_host_memory(size_t bytes, const char* what, const char* fix) {
   return static_cast<std::byte*>(p);
 }
 
-}  // namespace
-
-namespace {
-
 // What one memcpy thread takes a byte: the fastest of three copies of
 // 16 MiB (larger than the caches that would flatter it), measured once per
 // process (about 10 ms).
