@@ -1,12 +1,18 @@
 // CUDA kernels of the fused fixed fan-in output layer (ffi_loss,
 // ffi_loss_grad, ffi_topk; runtime/core/ops/ffi_head_ops.cpp), f32.
 //
-// As on the CPU, no [B, L] logits exist: one thread owns one label and walks
-// the batch, forming each logit from the label's K connections, turning it at
-// once into its loss term, its gradient, dw/db (in registers, one writer per
-// label) and dh (red.global adds: not deterministic; the "label-slices"
-// variant sums dh in fixed label slices instead). The input is transposed
-// once to hT[H][B] so the K rows a label reads are contiguous over the batch.
+// As on the CPU, no [B, L] logits exist. The input is transposed once to
+// hT[H][Bp] (Bp: the batch rounded up to 4, the pad zero). The loss and its
+// gradient use the unfused kernels' layout (sparse.cu, ffi_linear): a group
+// of 8 lanes owns one label, each lane 4 batch rows of a 32-row chunk, so a
+// connection's 32 rows are one 128-byte line read as a float4 per lane. Each
+// logit turns at once into its loss term and gradient; dw[l,:] and db[l]
+// are summed over the group's lanes in a fixed butterfly (one writer per
+// label); dh is added by red.global into dhT, a group's 32 consecutive
+// floats a request (not deterministic; the "label-slices" variant sums dh in
+// fixed label slices instead). The first version gave a thread a label and
+// walked the batch row by row, a warp's 32 loads then hitting 32 rows of hT:
+// 43.3 of a 43.8 ms Amazon-670K step on an H200 (docs/BENCHMARKS.md).
 // Targets: a row's labels are few, so a logit's target is looked up by a scan
 // of its row's list.
 //
@@ -34,15 +40,23 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kTopK = 16;
 constexpr int kPartials = 1024;
+// A label's group: 8 lanes, each 4 batch rows of a 32-row chunk.
+constexpr int kGroup = 8;
+constexpr int kChunk = 32;
 
 struct Layer {
-  const float* ht;  // [H][B]
+  const float* ht;  // [H][bp], rows bp > batch zero
   const void* index;
   bool i32;
   const float* w;
   const float* bias;
   int64_t batch, hidden, labels, fan_in;
+  int64_t bp;  // batch rounded up to 4
 };
+
+int64_t padded_batch(int64_t batch) {
+  return (batch + 3) / 4 * 4;
+}
 
 __device__ __forceinline__ int64_t index_at(const Layer& y, int64_t slot) {
   return y.i32 ? int64_t{static_cast<const int32_t*>(y.index)[slot]}
@@ -52,8 +66,34 @@ __device__ __forceinline__ int64_t index_at(const Layer& y, int64_t slot) {
 __device__ __forceinline__ float logit(const Layer& y, int64_t l, int64_t r) {
   float acc = 0.0f;
   for (int64_t k = 0; k < y.fan_in; ++k)
-    acc = fmaf(y.w[l * y.fan_in + k], y.ht[index_at(y, l * y.fan_in + k) * y.batch + r], acc);
+    acc = fmaf(y.w[l * y.fan_in + k], y.ht[index_at(y, l * y.fan_in + k) * y.bp + r], acc);
   return acc + y.bias[l];
+}
+
+__device__ __forceinline__ float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+// Label l's logits of batch rows b..b+3 (b < bp, a multiple of 4): the same
+// products in the same order as logit(), so the same bits.
+__device__ __forceinline__ float4 logits4(const Layer& y, int64_t l, int64_t b) {
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t base = l * y.fan_in;
+#pragma unroll 4
+  for (int64_t k = 0; k < y.fan_in; ++k) {
+    const float wk = y.w[base + k];
+    const float4 x = load4(y.ht + index_at(y, base + k) * y.bp + b);
+    acc.x = fmaf(wk, x.x, acc.x);
+    acc.y = fmaf(wk, x.y, acc.y);
+    acc.z = fmaf(wk, x.z, acc.z);
+    acc.w = fmaf(wk, x.w, acc.w);
+  }
+  const float bl = y.bias[l];
+  return make_float4(acc.x + bl, acc.y + bl, acc.z + bl, acc.w + bl);
+}
+
+__device__ __forceinline__ float lane_of(const float4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
 __device__ __forceinline__ bool is_target(const int32_t* lptr, const int32_t* lidx, int64_t r,
@@ -82,11 +122,12 @@ __device__ __forceinline__ float grad_of(float x, float t, int kind) {
   return -2.0f * (2.0f * t - 1.0f) * max0(1.0f - (2.0f * t - 1.0f) * x);
 }
 
-__global__ void transpose_in(const float* h, int64_t batch, int64_t hidden, float* ht) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch * hidden;
+// ht[u][r] = h[r][u], and 0 in the pad rows r >= batch.
+__global__ void transpose_in(const float* h, int64_t batch, int64_t bp, int64_t hidden, float* ht) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < bp * hidden;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / hidden, u = i % hidden;
-    ht[u * batch + r] = h[i];
+    ht[u * bp + r] = r < batch ? h[i] : 0.0f;
   }
 }
 
@@ -115,8 +156,6 @@ __global__ void row_lse(Layer y, double* lse) {
   if (threadIdx.x == 0) lse[r] = shift + log(s);
 }
 
-// Per block: the sum of its labels' loss terms (bce, squared hinge), or for
-// softmax the targets' logits (subtracted), into partial[blockIdx.x].
 // A logit's part of the loss sum: its term (bce, squared hinge), or for
 // softmax minus the logit of a target (the lse part is added per row).
 __device__ __forceinline__ double loss_part(float x, bool t, int kind) {
@@ -124,24 +163,60 @@ __device__ __forceinline__ double loss_part(float x, bool t, int kind) {
   return double(term(x, t ? 1.0f : 0.0f, kind));
 }
 
-// The loss grid: label l belongs to thread l mod (blocks · kThreads), which
-// adds its labels' parts in label, then row, order; loss_grad runs on the
-// same grid and adds the same parts in the same order.
-int loss_blocks(int64_t labels) {
-  return static_cast<int>(
-      std::min<int64_t>(kPartials, std::max<int64_t>(1, ceil_div(labels, kThreads))));
+// The scaled gradient of the loss with respect to logit x = (r, l), t
+// whether l is one of row r's labels.
+__device__ __forceinline__ float logit_grad(const int32_t* lptr, int kind, float scale,
+                                            const double* lse, float x, bool t, int64_t r) {
+  const float tf = t ? 1.0f : 0.0f;
+  float g;
+  if (kind == 2)
+    g = float(exp(double(x) - lse[r]) * double(lptr[r + 1] - lptr[r])) - tf;
+  else
+    g = grad_of(x, tf, kind);
+  return g * scale;
 }
 
+// The loss grid: label l belongs to group l mod (blocks · kThreads / kGroup);
+// each lane adds its loss parts in label, chunk, row order. loss_grad runs on
+// the same grid and adds the same parts in the same order.
+int loss_blocks(int64_t labels) {
+  return static_cast<int>(
+      std::clamp<int64_t>(ceil_div(labels * kGroup, kThreads), 1, int64_t{kPartials}));
+}
+
+// This thread's group (one label at a time), the number of groups in the
+// grid, its lane within the group and the group's shuffle mask.
+struct GroupLane {
+  int64_t group, groups;
+  int gl;
+  unsigned mask;
+};
+
+__device__ __forceinline__ GroupLane group_lane() {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  return {t / kGroup, int64_t{gridDim.x} * blockDim.x / kGroup, lane % kGroup,
+          0xFFu << (lane / kGroup * kGroup)};
+}
+
+__device__ __forceinline__ float group_sum(float v, unsigned mask) {
+  for (int o = kGroup / 2; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+  return v;
+}
+
+// Per block: the sum of its labels' loss parts into partial[blockIdx.x].
 __global__ void loss_partials(Layer y, const int32_t* lptr, const int32_t* lidx, int kind,
                               double* partial) {
   __shared__ double scratch[33];
+  const GroupLane g = group_lane();
   double acc = 0;
-  for (int64_t l = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; l < y.labels;
-       l += int64_t{gridDim.x} * blockDim.x)
-    for (int64_t r = 0; r < y.batch; ++r) {
-      const bool t = is_target(lptr, lidx, r, l);
-      if (kind == 2 && !t) continue;
-      acc += loss_part(logit(y, l, r), t, kind);
+  for (int64_t l = g.group; l < y.labels; l += g.groups)
+    for (int64_t b = g.gl * 4; b < y.bp; b += kChunk) {
+      const float4 x = logits4(y, l, b);
+      for (int j = 0; j < 4 && b + j < y.batch; ++j) {
+        const bool t = is_target(lptr, lidx, b + j, l);
+        if (kind != 2 || t) acc += loss_part(lane_of(x, j), t, kind);
+      }
     }
   acc = block_sum(acc, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
@@ -158,46 +233,62 @@ __global__ void loss_total(const double* partial, int n, const double* lse, cons
   *out = batch > 0 ? float(s / double(batch)) : 0.0f;
 }
 
-// The scaled gradient of the loss with respect to logit x = (r, l), t
-// whether l is one of row r's labels.
-__device__ __forceinline__ float logit_grad(const int32_t* lptr, int kind, float scale,
-                                            const double* lse, float x, bool t, int64_t r) {
-  const float tf = t ? 1.0f : 0.0f;
-  float g;
-  if (kind == 2)
-    g = float(exp(double(x) - lse[r]) * double(lptr[r + 1] - lptr[r])) - tf;
-  else
-    g = grad_of(x, tf, kind);
-  return g * scale;
-}
-
-// One thread per label: dw[l,:], db[l] in registers (one writer); dh by adds
-// when dht is given (the deterministic variant computes dh apart, below).
+// A group per label: dw[l,:] and db[l] summed over the group's lanes (one
+// writer: lane k mod 8 writes dw[l,k]); dh by adds when dht is given (the
+// deterministic variant computes dh apart, below). A row whose gradient is
+// zero adds nothing (no 0·Inf), and a chunk where all are zero is skipped.
 // With partial, each block also adds its labels' loss parts, as
 // loss_partials does on the same grid (loss_blocks): the loss without a
 // second pass over the logits.
 __global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int kind, float scale,
                           const double* lse, float* dht, float* dw, float* db, double* partial) {
   __shared__ double scratch[33];
+  const GroupLane g = group_lane();
+  // One pass even with no rows, so that dw is still written (zeros).
+  const int64_t chunks = y.batch > 0 ? (y.batch + kChunk - 1) / kChunk : 1;
   double loss = 0;
-  for (int64_t l = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; l < y.labels;
-       l += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t l = g.group; l < y.labels; l += g.groups) {
+    const int64_t base = l * y.fan_in;
     float gb = 0.0f;
-    for (int64_t k = 0; k < y.fan_in; ++k) dw[l * y.fan_in + k] = 0.0f;
-    for (int64_t r = 0; r < y.batch; ++r) {
-      const float x = logit(y, l, r);
-      const bool t = is_target(lptr, lidx, r, l);
-      if (partial && (kind != 2 || t)) loss += loss_part(x, t, kind);
-      const float g = logit_grad(lptr, kind, scale, lse, x, t, r);
-      if (g == 0.0f) continue;
-      gb += g;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t b = c * kChunk + g.gl * 4;
+      float gr[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (b < y.bp) {
+        const float4 x = logits4(y, l, b);
+        for (int j = 0; j < 4 && b + j < y.batch; ++j) {
+          const float xj = lane_of(x, j);
+          const bool t = is_target(lptr, lidx, b + j, l);
+          if (partial && (kind != 2 || t)) loss += loss_part(xj, t, kind);
+          gr[j] = logit_grad(lptr, kind, scale, lse, xj, t, b + j);
+        }
+      }
+      gb += (gr[0] + gr[1]) + (gr[2] + gr[3]);
+      const bool live = gr[0] != 0.0f || gr[1] != 0.0f || gr[2] != 0.0f || gr[3] != 0.0f;
+      if (!__any_sync(g.mask, live)) {
+        if (c == 0)
+          for (int64_t k = g.gl; k < y.fan_in; k += kGroup) dw[base + k] = 0.0f;
+        continue;
+      }
       for (int64_t k = 0; k < y.fan_in; ++k) {
-        const int64_t u = index_at(y, l * y.fan_in + k);
-        dw[l * y.fan_in + k] += g * y.ht[u * y.batch + r];
-        if (dht) atomicAdd(dht + u * y.batch + r, g * y.w[l * y.fan_in + k]);
+        const int64_t u = index_at(y, base + k);
+        float p = 0.0f;
+        if (live) {
+          const float4 x = load4(y.ht + u * y.bp + b);
+          float* d = dht ? dht + u * y.bp + b : nullptr;
+          const float wk = y.w[base + k];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (gr[j] == 0.0f) continue;
+            p = fmaf(gr[j], lane_of(x, j), p);
+            if (d) atomicAdd(d + j, gr[j] * wk);
+          }
+        }
+        p = group_sum(p, g.mask);
+        if (g.gl == (k & (kGroup - 1))) dw[base + k] = c == 0 ? p : dw[base + k] + p;
       }
     }
-    db[l] = gb;
+    gb = group_sum(gb, g.mask);
+    if (g.gl == 0) db[l] = gb;
   }
   if (partial == nullptr) return;  // the same for the whole grid
   loss = block_sum(loss, scratch);
@@ -216,8 +307,8 @@ __global__ void loss_grad(Layer y, const int32_t* lptr, const int32_t* lidx, int
 // alone, so the bits do not depend on the device.
 constexpr size_t kDhPartialBytes = size_t{64} << 20;
 
-int64_t dh_slice_count(int64_t batch, int64_t hidden) {
-  const int64_t per_slice = std::max<int64_t>(1, batch * hidden) * int64_t{sizeof(float)};
+int64_t dh_slice_count(int64_t bp, int64_t hidden) {
+  const int64_t per_slice = std::max<int64_t>(1, bp * hidden) * int64_t{sizeof(float)};
   return std::clamp<int64_t>(static_cast<int64_t>(kDhPartialBytes) / per_slice, 8, 1024);
 }
 
@@ -227,34 +318,35 @@ __global__ void dh_slices(Layer y, const int32_t* lptr, const int32_t* lidx, int
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t s = i / y.batch, r = i % y.batch;
     const int64_t l0 = y.labels * s / slices, l1 = y.labels * (s + 1) / slices;
-    float* p = part + s * y.hidden * y.batch;
+    float* p = part + s * y.hidden * y.bp;
     for (int64_t l = l0; l < l1; ++l) {
       const float g =
           logit_grad(lptr, kind, scale, lse, logit(y, l, r), is_target(lptr, lidx, r, l), r);
       if (g == 0.0f) continue;
       for (int64_t k = 0; k < y.fan_in; ++k)
-        p[index_at(y, l * y.fan_in + k) * y.batch + r] += g * y.w[l * y.fan_in + k];
+        p[index_at(y, l * y.fan_in + k) * y.bp + r] += g * y.w[l * y.fan_in + k];
     }
   }
 }
 
 // dh[r, u] = the slices' partial sums, added in slice order.
-__global__ void dh_sum(const float* part, int64_t slices, int64_t batch, int64_t hidden,
+__global__ void dh_sum(const float* part, int64_t slices, int64_t batch, int64_t bp, int64_t hidden,
                        float* dh) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch * hidden;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / hidden, u = i % hidden;
     float acc = 0.0f;
-    for (int64_t s = 0; s < slices; ++s) acc += part[(s * hidden + u) * batch + r];
+    for (int64_t s = 0; s < slices; ++s) acc += part[(s * hidden + u) * bp + r];
     dh[i] = acc;
   }
 }
 
-__global__ void transpose_out(const float* dht, int64_t batch, int64_t hidden, float* dh) {
+__global__ void transpose_out(const float* dht, int64_t batch, int64_t bp, int64_t hidden,
+                              float* dh) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < batch * hidden;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / hidden, u = i % hidden;
-    dh[i] = dht[u * batch + r];
+    dh[i] = dht[u * bp + r];
   }
 }
 
@@ -313,7 +405,8 @@ Layer layer_of(const KernelArgs& a, const float* ht) {
           a.in[0].shape[0],
           a.in[0].shape[1],
           a.in[1].shape[0],
-          a.in[1].shape[1]};
+          a.in[1].shape[1],
+          padded_batch(a.in[0].shape[0])};
 }
 
 struct Scratch {
@@ -326,12 +419,13 @@ struct Scratch {
 // grad: 0 the loss, 1 the gradient with dh by adds, 2 the deterministic
 // gradient (dht holds dh_slice_count partial dh).
 Scratch carve(const KernelArgs& a, int grad, std::byte* base, size_t* bytes) {
-  const int64_t B = a.in[0].shape[0], H = a.in[0].shape[1];
+  const int64_t B = a.in[0].shape[0], H = a.in[0].shape[1], Bp = padded_batch(B);
   Carve c{base};
   Scratch s{};
-  s.ht = c.take<float>(static_cast<size_t>(B * H));
-  s.dht = grad ? c.take<float>(static_cast<size_t>(B * H * (grad == 2 ? dh_slice_count(B, H) : 1)))
-               : nullptr;
+  s.ht = c.take<float>(static_cast<size_t>(Bp * H));
+  s.dht = grad
+              ? c.take<float>(static_cast<size_t>(Bp * H * (grad == 2 ? dh_slice_count(Bp, H) : 1)))
+              : nullptr;
   s.lse = c.take<double>(static_cast<size_t>(B > 0 ? B : 1));
   s.partial = c.take<double>(kPartials);
   if (bytes) *bytes = c.used;
@@ -354,7 +448,8 @@ size_t loss_grad_det_ws(const KernelArgs& a) {
   return n;
 }
 size_t topk_ws(const KernelArgs& a) {
-  return align_up(static_cast<size_t>(a.in[0].shape[0] * a.in[0].shape[1]) * sizeof(float));
+  return align_up(static_cast<size_t>(padded_batch(a.in[0].shape[0]) * a.in[0].shape[1]) *
+                  sizeof(float));
 }
 
 // The loss into out from the blocks' partial sums in s (and, for softmax,
@@ -367,6 +462,14 @@ bool launch_loss_total(const Layer& y, const Scratch& s, int kind, const int32_t
   return launched(what);
 }
 
+// hT (and its zero pad rows) from the layer's input into y.ht.
+bool launch_transpose_in(const KernelArgs& a, const Layer& y, cudaStream_t st, const char* what) {
+  if (y.bp * y.hidden == 0) return true;
+  transpose_in<<<grid_for(y.bp * y.hidden, kThreads), kThreads, 0, st>>>(
+      a.in[0].as<float>(), y.batch, y.bp, y.hidden, const_cast<float*>(y.ht));
+  return launched(what);
+}
+
 void ffi_loss(const KernelArgs& a) {
   if (!f32_only(a, "ffi_loss")) return;
   cudaStream_t st = stream_of(a);
@@ -375,11 +478,7 @@ void ffi_loss(const KernelArgs& a) {
   const int kind = static_cast<int>(a.attrs.geti("loss", 0));
   const auto* lptr = a.in[4].as<int32_t>();
   const auto* lidx = a.in[5].as<int32_t>();
-  if (y.batch * y.hidden > 0) {
-    transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
-        a.in[0].as<float>(), y.batch, y.hidden, s.ht);
-    if (!launched("ffi_loss transpose")) return;
-  }
+  if (!launch_transpose_in(a, y, st, "ffi_loss transpose")) return;
   if (kind == 2 && y.batch > 0 && y.labels > 0) {
     row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
     if (!launched("ffi_loss row_lse")) return;
@@ -401,12 +500,10 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
   const float scale =
       y.batch > 0 ? static_cast<float>(a.attrs.get("scale", 1.0) / static_cast<double>(y.batch))
                   : 0.0f;
-  const size_t bh = static_cast<size_t>(y.batch * y.hidden) * sizeof(float);
-  const int64_t slices = dh_slice_count(y.batch, y.hidden);
+  const size_t bh = static_cast<size_t>(y.bp * y.hidden) * sizeof(float);
+  const int64_t slices = dh_slice_count(y.bp, y.hidden);
   if (bh > 0) {
-    transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
-        a.in[0].as<float>(), y.batch, y.hidden, s.ht);
-    if (!launched("ffi_loss_grad transpose")) return;
+    if (!launch_transpose_in(a, y, st, "ffi_loss_grad transpose")) return;
     if (!cuda_ok(
             cudaMemsetAsync(s.dht, 0, bh * static_cast<size_t>(deterministic ? slices : 1), st),
             "cudaMemsetAsync"))
@@ -431,11 +528,11 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
   }
   if (bh > 0 && deterministic) {
     dh_sum<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
-        s.dht, slices, y.batch, y.hidden, a.out[0].as<float>());
+        s.dht, slices, y.batch, y.bp, y.hidden, a.out[0].as<float>());
     if (!launched("ffi_loss_grad dh_sum")) return;
   } else if (bh > 0) {
     transpose_out<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
-        s.dht, y.batch, y.hidden, a.out[0].as<float>());
+        s.dht, y.batch, y.bp, y.hidden, a.out[0].as<float>());
     if (!launched("ffi_loss_grad transpose back")) return;
   }
   if (with_loss)
@@ -455,11 +552,7 @@ void ffi_topk(const KernelArgs& a) {
   const Layer y = layer_of(a, static_cast<const float*>(a.workspace));
   const int k = static_cast<int>(a.out[0].shape[1]);
   if (y.batch == 0) return;
-  if (y.hidden > 0) {
-    transpose_in<<<grid_for(y.batch * y.hidden, kThreads), kThreads, 0, st>>>(
-        a.in[0].as<float>(), y.batch, y.hidden, static_cast<float*>(a.workspace));
-    if (!launched("ffi_topk transpose")) return;
-  }
+  if (!launch_transpose_in(a, y, st, "ffi_topk transpose")) return;
   const int threads = 128;
   const size_t shared =
       static_cast<size_t>(threads) * (k * (sizeof(float) + sizeof(int32_t)) + sizeof(int));
@@ -481,8 +574,8 @@ bool supports_topk(const KernelArgs& a) {
 std::vector<KernelVariant> cuda_ffi_head_kernels() {
   using namespace cuda;
   return {
-      {"ffi_loss", "label-thread", ffi_loss, loss_ws, true, supports},
-      {"ffi_loss_grad", "label-thread", ffi_loss_grad, loss_grad_ws, false, supports},
+      {"ffi_loss", "label-group", ffi_loss, loss_ws, true, supports},
+      {"ffi_loss_grad", "label-group", ffi_loss_grad, loss_grad_ws, false, supports},
       {"ffi_loss_grad", "label-slices", ffi_loss_grad_det, loss_grad_det_ws, true, supports},
       {"ffi_topk", "block-row", ffi_topk, topk_ws, true, supports_topk},
   };

@@ -687,7 +687,7 @@ TEST(CudaBackend, FfiLossGradGivesFfiLossBitsWithoutASecondPass) {
   const kern::KernelVariant* loss_op = b->find_kernel("ffi_loss");
   ASSERT_NE(loss_op, nullptr);
   for (int kind = 0; kind < 3; ++kind) {
-    for (const char* variant : {"label-thread", "label-slices"}) {
+    for (const char* variant : {"label-group", "label-slices"}) {
       SCOPED_TRACE(std::string("loss ") + std::to_string(kind) + ", " + variant);
       const kern::KernelVariant* grad_op = cuda_kernel("ffi_loss_grad", variant);
       ASSERT_NE(grad_op, nullptr);
