@@ -352,10 +352,67 @@ void build_bn(const KernelArgs& a, cudnnHandle_t, bool, Prepared& p) {
                        "cudnnDeriveBNTensorDescriptor", p);
 }
 
-// cuDNN saves 1/√(var + eps); the op's output is the variance itself.
-__global__ void inv_std_to_var(float* v, int64_t n, float eps) {
+// cuDNN's training-mode statistics are one f32 pass (E[x²] − E[x]²), which
+// cancels where the mean is large against the spread: 3% off at x ≈ 100 ±
+// 0.01 on an H200 (docs/BENCHMARKS.md). So the batch statistics are ours, as
+// the reference forms them: per channel (block c) the mean, then Σ (x −
+// mean)², both in double through a fixed tree (the same bits every run);
+// cuDNN then normalises with them in inference mode, and its backward takes
+// them as the saved statistics.
+constexpr int kBnThreads = 512;
+
+// x[N, C, S] (S = H·W, 1 for [N, C]): mean[c] and the biased var[c]; with
+// rmean, the running averages move toward them (the variance's unbiased
+// estimate, PyTorch's rule; one value has none and the batch's stands in).
+__global__ void bn_batch_stats(const float* x, int64_t N, int64_t C, int64_t S, double mom,
+                               float* rmean, float* rvar, float* mean, float* var) {
+  __shared__ double scratch[33];
+  const int64_t c = blockIdx.x;
+  // count <= INT_MAX (supports_cudnn), so 32-bit division finds (n, p).
+  const uint32_t count = static_cast<uint32_t>(N * S), s32 = static_cast<uint32_t>(S);
+  const auto at = [&](uint32_t j) { return x[(int64_t{j / s32} * C + c) * S + j % s32]; };
+  double sum = 0;
+  for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) sum += double(at(j));
+  const double mu = block_sum(sum, scratch) / double(count > 0 ? count : 1);
+  double sq = 0;
+  for (uint32_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const double d = double(at(j)) - mu;
+    sq += d * d;
+  }
+  sq = block_sum(sq, scratch);
+  if (threadIdx.x != 0) return;
+  const double v = sq / double(count > 0 ? count : 1);
+  mean[c] = float(mu);
+  var[c] = float(v);
+  if (rmean == nullptr) return;
+  const double unbiased = count > 1 ? sq / double(count - 1) : v;
+  rmean[c] = float((1 - mom) * double(rmean[c]) + mom * mu);
+  rvar[c] = float((1 - mom) * double(rvar[c]) + mom * unbiased);
+}
+
+// The saved statistic cuDNN's backward wants: 1/√(var + eps).
+__global__ void var_to_inv_std(const float* var, int64_t n, double eps, float* inv_std) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) v[i] = 1.0f / (v[i] * v[i]) - eps;
+  if (i < n) inv_std[i] = float(1.0 / sqrt(double(var[i]) + eps));
+}
+
+// y from x and the per-channel mean and var (cuDNN's inference mode).
+cudnnStatus_t bn_normalise(cudnnHandle_t h, const KernelArgs& a, const Prepared& p,
+                           const void* mean, const void* var, double eps) {
+  return cudnn().cudnnBatchNormalizationForwardInference(
+      h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.a, a.in[0].data, p.a, a.out[0].data, p.b,
+      a.in[1].data, a.in[2].data, mean, var, eps);
+}
+
+// The batch statistics of x into mean and var (and the running averages
+// when given); false when the launch failed (reported).
+bool launch_bn_stats(const KernelArgs& a, double mom, float* rmean, float* rvar, float* mean,
+                     float* var) {
+  const TensorView& x = a.in[0];
+  const int64_t S = x.ndim == 4 ? x.shape[2] * x.shape[3] : 1;
+  bn_batch_stats<<<static_cast<unsigned>(x.shape[1]), kBnThreads, 0, stream_of(a)>>>(
+      x.as<float>(), x.shape[0], x.shape[1], S, mom, rmean, rvar, mean, var);
+  return launched("bn_batch_stats");
 }
 
 void batchnorm(const KernelArgs& a) {
@@ -363,60 +420,51 @@ void batchnorm(const KernelArgs& a) {
   const double eps = a.attrs.get("eps", 1e-5), mom = a.attrs.get("momentum", 0.1);
   const bool training = !a.ctx || a.ctx->training;
   const int64_t C = a.in[0].shape[1];
+  if (training && !launch_bn_stats(a, mom, a.in[3].as<float>(), a.in[4].as<float>(),
+                                   a.out[1].as<float>(), a.out[2].as<float>()))
+    return;
   with_handle(a, "batchnorm", p, [&](cudnnHandle_t h) {
-    if (!training) {
-      const cudnnStatus_t st = cudnn().cudnnBatchNormalizationForwardInference(
-          h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.a, a.in[0].data, p.a, a.out[0].data, p.b,
-          a.in[1].data, a.in[2].data, a.in[3].data, a.in[4].data, eps);
-      cuda_ok(cudaMemcpyAsync(a.out[1].data, a.in[3].data, static_cast<size_t>(C) * 4,
-                              cudaMemcpyDeviceToDevice, stream_of(a)),
-              "cudaMemcpyAsync");
-      cuda_ok(cudaMemcpyAsync(a.out[2].data, a.in[4].data, static_cast<size_t>(C) * 4,
-                              cudaMemcpyDeviceToDevice, stream_of(a)),
-              "cudaMemcpyAsync");
-      return st;
-    }
-    const cudnnStatus_t st = cudnn().cudnnBatchNormalizationForwardTraining(
-        h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.a, a.in[0].data, p.a, a.out[0].data, p.b,
-        a.in[1].data, a.in[2].data, mom, a.in[3].data, a.in[4].data, eps, a.out[1].data,
-        a.out[2].data);
-    if (st == CUDNN_STATUS_SUCCESS) {
-      inv_std_to_var<<<grid_for(C, 256), 256, 0, stream_of(a)>>>(a.out[2].as<float>(), C,
-                                                                 static_cast<float>(eps));
-      launched("inv_std_to_var");
-    }
+    if (training) return bn_normalise(h, a, p, a.out[1].data, a.out[2].data, eps);
+    const cudnnStatus_t st = bn_normalise(h, a, p, a.in[3].data, a.in[4].data, eps);
+    cuda_ok(cudaMemcpyAsync(a.out[1].data, a.in[3].data, static_cast<size_t>(C) * 4,
+                            cudaMemcpyDeviceToDevice, stream_of(a)),
+            "cudaMemcpyAsync");
+    cuda_ok(cudaMemcpyAsync(a.out[2].data, a.in[4].data, static_cast<size_t>(C) * 4,
+                            cudaMemcpyDeviceToDevice, stream_of(a)),
+            "cudaMemcpyAsync");
     return st;
   });
 }
 
-// batchnorm's training output again, for a recompute: the same cuDNN call
-// (the statistics recomputed from x, the same reduction), its running
-// averages and saved statistics written into the workspace instead (an
-// averaging factor of 0 leaves them as they were), so nothing of the
-// session changes and y has the forward pass's bits.
+// batchnorm's training output again, for a recompute: the same statistics
+// kernel and the same normalisation, the statistics in the workspace and
+// the running averages untouched, so nothing of the session changes and y
+// has the forward pass's bits.
 void batchnorm_replay(const KernelArgs& a) {
   const Prepared& p = prepared("batchnorm", false, a, build_bn);
   const double eps = a.attrs.get("eps", 1e-5);
   const int64_t C = a.in[0].shape[1];
-  float* scratch = static_cast<float*>(a.workspace);  // running mean, var; saved mean, 1/std
-  with_handle(a, "batchnorm_replay", p, [&](cudnnHandle_t h) {
-    return cudnn().cudnnBatchNormalizationForwardTraining(
-        h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.a, a.in[0].data, p.a, a.out[0].data, p.b,
-        a.in[1].data, a.in[2].data, 0.0, scratch, scratch + C, eps, scratch + 2 * C,
-        scratch + 3 * C);
-  });
+  float* mean = static_cast<float*>(a.workspace);
+  float* var = mean + C;
+  if (!launch_bn_stats(a, 0.0, nullptr, nullptr, mean, var)) return;
+  with_handle(a, "batchnorm_replay", p,
+              [&](cudnnHandle_t h) { return bn_normalise(h, a, p, mean, var, eps); });
 }
 
+// dx, dγ, dβ with the forward's saved mean and variance (cuDNN would
+// otherwise form its own one-pass statistics again).
 void batchnorm_grad(const KernelArgs& a) {
-  // The statistics are recomputed from x (cuDNN's saved-statistics inputs
-  // may be null): the op saves the variance, cuDNN would want 1/√(var + eps).
   const Prepared& p = prepared("batchnorm_grad", false, a, build_bn);
   const double eps = a.attrs.get("eps", 1e-5);
+  const int64_t C = a.in[0].shape[1];
+  float* inv_std = static_cast<float*>(a.workspace);
+  var_to_inv_std<<<grid_for(C, 256), 256, 0, stream_of(a)>>>(a.in[4].as<float>(), C, eps, inv_std);
+  if (!launched("var_to_inv_std")) return;
   with_handle(a, "batchnorm_grad", p, [&](cudnnHandle_t h) {
     return cudnn().cudnnBatchNormalizationBackward(
         h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, p.a, a.in[1].data, p.a,
         a.in[0].data, p.a, a.out[0].data, p.b, a.in[2].data, a.out[1].data, a.out[2].data, eps,
-        nullptr, nullptr);
+        a.in[3].data, inv_std);
   });
 }
 
@@ -426,11 +474,11 @@ size_t bn_ws(const KernelArgs& a) {
 }
 size_t bn_replay_ws(const KernelArgs& a) {
   (void)prepared("batchnorm", false, a, build_bn);
-  return 4 * static_cast<size_t>(a.in[0].shape[1]) * sizeof(float);
+  return 2 * static_cast<size_t>(a.in[0].shape[1]) * sizeof(float);
 }
 size_t bn_grad_ws(const KernelArgs& a) {
   (void)prepared("batchnorm_grad", false, a, build_bn);
-  return 0;
+  return static_cast<size_t>(a.in[0].shape[1]) * sizeof(float);
 }
 
 // ---- pooling ---------------------------------------------------------------------
