@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <optional>
 
 #include "../../kernels/common/layout.h"
@@ -14,6 +13,7 @@
 #include "../core/autodiff.h"
 #include "../core/error.h"
 #include "../plan/layouts.h"
+#include "../plan/paging_search.h"
 
 namespace pooch {
 
@@ -268,7 +268,7 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // planned too, and the simulator picks; ties go to fewer. (Three were too
   // coarse once gradients could be swapped: GPT-2 774M on an 8 GB card
   // predicted 1.59x with three, 1.38x with seven.) The plan kept is planned
-  // last.
+  // last. The search: choose_paging_count (runtime/plan/paging_search.h).
   // At level 3 the same search runs over which weights' updates go to the
   // host (largest first), everything else staying paged.
   // The train step just planned, as a slowdown against level 0's in-core
@@ -301,126 +301,27 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
         plan_all(m, host_update);
       return m;
     };
-    const double all_slowdown = slowdown();
-    size_t lo = 0, hi = cand.size();  // lo does not fit (0: the level below); hi fits
-    if (below_short_by == 0) {
-      // The level below fitted (this level is a bet on speed): any count
-      // fits, so the fewest is 1 and the grid below plans it.
-      hi = std::min<size_t>(1, cand.size());
-    } else if (level < 3) {
-      // Paging tensors shrinks the arena by at most their bytes, so the
-      // counts whose bytes fall short of the level below's shortfall cannot
-      // fit; the bisection starts above them, galloping up from the first
-      // count that might (it usually fits within a few).
-      size_t freed = 0;
-      while (lo < cand.size() && freed + graph_.tensor(cand[lo]).bytes() < below_short_by)
-        freed += graph_.tensor(cand[lo++]).bytes();
-      for (size_t step = 1; lo + step < hi; step *= 2) {
-        try {
-          plan_first(lo + step);
-          hi = lo + step;
-          break;
-        } catch (const Error& e) {
-          if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
-          lo += step;
-        }
-      }
-    }
-    while (hi - lo > 1) {
-      const size_t mid = lo + (hi - lo) / 2;
-      try {
-        plan_first(mid);
-        hi = mid;
-      } catch (const Error& e) {
-        if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
-        lo = mid;
-      }
-    }
-    // Slowdowns within kTie of each other are a tie (the simulator's error
-    // against measured steps is up to 10% on bench/ooc), and a tie goes to
-    // paging fewer: the count kept is the fewest planned whose step is
-    // within kTie of the fastest planned. A count within kTie of in core
-    // ties with any, so once the grid reaches one no more are planned.
-    // (ResNet-50 at 128 pixels in a third of its arena planned 18 counts,
-    // each a full search, to go from 1.0070x to 1.0066x: 0.52 s.)
-    constexpr double kTie = 1.02;
-    std::map<size_t, double> slowdown_at;  // every count planned that fitted
-    slowdown_at[cand.size()] = all_slowdown;
-    // The fewest of the counts planned whose step is the fastest.
-    auto fastest_count = [&] {
-      return std::min_element(slowdown_at.begin(), slowdown_at.end(),
-                              [](const auto& a, const auto& b) { return a.second < b.second; })
-          ->first;
-    };
-    auto fastest_seen = [&] { return slowdown_at.at(fastest_count()); };
-    auto kept = [&] {
-      const double f = fastest_seen();
-      for (const auto& [k, sd] : slowdown_at)
-        if (sd <= f * kTie) return k;
-      return cand.size();
-    };
-    std::vector<char> planned(cand.size() + 1, 0);
-    planned[cand.size()] = 1;
-    // A count's paged tensors cross the link each way every step, so its
-    // slowdown is at least their copies' time over the in-core step (under
-    // `doubt` where there is one: slowdown() is at least that ratio). A
-    // count whose bound cannot beat the level below, nor tie with the
-    // fastest count planned, is not planned (ResNet-50 at 64 pixels betting
-    // on paging: 13 counts planned, all slower than the level below).
-    std::vector<double> copy_seconds(cand.size() + 1, 0);
-    for (size_t i = 0; i < cand.size(); ++i)
-      copy_seconds[i + 1] =
-          copy_seconds[i] + profile_.link.latency +
-          static_cast<double>(graph_.tensor(cand[i]).bytes()) / profile_.link.h2d_bandwidth;
-    const double in_core_reference = doubt ? in_core_doubt_0 : in_core_seconds;
-    auto cannot_matter = [&](size_t k) {
-      if (level == 3 || in_core_reference <= 0) return false;  // updates on the host: other copies
-      const double at_least = copy_seconds[k] / in_core_reference;
-      return at_least > std::min(to_beat, fastest_seen() * kTie);
-    };
-    auto try_count = [&](size_t k) {
-      if (k < hi || k > cand.size() || planned[k]) return;
-      if (cannot_matter(k)) return;
-      planned[k] = 1;
-      try {
-        plan_first(k);
-      } catch (const Error& e) {
-        if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
-        return;
-      }
-      slowdown_at[k] = slowdown();
-    };
-    std::vector<size_t> grid;
-    for (size_t q = 0; q < 8; ++q) {
-      const size_t k = hi + (cand.size() - hi) * q / 8;
-      try_count(k);
-      grid.push_back(k);
-      if (auto it = slowdown_at.find(k); it != slowdown_at.end() && it->second <= kTie) break;
-    }
-    grid.push_back(cand.size());
-    // Then, where the grid shows a jump beside its fastest count (a
-    // neighbour not within kTie of it), around that count with the step
-    // halved each round: how many are paged moves the activations' plan in
-    // jumps, so a count between two of the grid's can plan faster than both
-    // (a small ResNet-50 over a 1 GB/s link with 1 ms a copy: 0.023 s at
-    // 5.05 MB, 0.093 s at 5.1 MB before). A flat grid is not refined.
-    bool jump = false;
-    {
-      const size_t i =
-          static_cast<size_t>(std::find(grid.begin(), grid.end(), fastest_count()) - grid.begin());
-      for (size_t j : {i - 1, i + 1})
-        if (i < grid.size() && j < grid.size()) {
-          auto n = slowdown_at.find(grid[j]);
-          jump = jump || n == slowdown_at.end() || n->second > fastest_seen() * kTie;
-        }
-    }
-    for (size_t d = (cand.size() - hi) / 16; jump && fastest_seen() > kTie && d > 0; d /= 2) {
-      const size_t at = fastest_count();
-      if (at >= d) try_count(at - d);
-      try_count(at + d);
-    }
-    const size_t best = kept();
-    mask = plan_first(best);
+    PagingSearch search;
+    for (TensorId t : cand) search.bytes.push_back(graph_.tensor(t).bytes());
+    search.below_short_by = below_short_by;
+    search.to_beat = to_beat;
+    search.all_slowdown = slowdown();
+    search.pages_bytes = level < 3;
+    search.link_latency = profile_.link.latency;
+    search.link_bandwidth = profile_.link.h2d_bandwidth;
+    // Under `doubt` where there is one: slowdown() is at least that ratio.
+    search.in_core_seconds = doubt ? in_core_doubt_0 : in_core_seconds;
+    const PagingChoice choice =
+        choose_paging_count(search, [&](size_t k, bool timed) -> std::optional<double> {
+          try {
+            plan_first(k);
+          } catch (const Error& e) {
+            if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
+            return std::nullopt;
+          }
+          return timed ? slowdown() : 0.0;
+        });
+    mask = plan_first(choice.count);
   };
   // Paging more does not only rescue a step that fits no other way: a level
   // that fits can still be slower than the next one (its activations
