@@ -1,7 +1,8 @@
 // pooch-bench-cuda: times the CUDA kernels of the extreme-classification head
 // at Amazon-670K's shape (labels 670091, fan-in 32, hidden 65536, batch 32):
 // the fixed fan-in layer forward and backward, top-k, the squared hinge loss,
-// and the sparse (bag-of-words) input layer. For each kernel it prints the
+// the sparse (bag-of-words) input layer, and the fused head (the layer and
+// its loss without [B, L] logits) at the training shape. For each kernel it prints the
 // time, the bytes a kernel must move at least (each input read once, each
 // output written once) over that time, and that rate against the card's
 // device-to-device copy bandwidth measured here first. Every kernel's output
@@ -231,6 +232,168 @@ struct Bench {
     std::vector<float> v(n);
     for (float& x : v) x = d(rng);
     return v;
+  }
+
+  // ---- the fused head (ffi_loss, ffi_loss_grad, ffi_topk) ----
+  // The layer and its loss at once, the [B, L] logits never stored: checked
+  // against logits formed on the host in double (all of them, once), the
+  // loss in full, dw, db and dh at sampled places.
+  template <class I>
+  void fused_head(int64_t B, int64_t H, int64_t L, int64_t K, int kind) {
+    const DType idt = sizeof(I) == 2 ? DType::u16 : DType::i32;
+    const std::string tag = fmt::format("{} B{} L{} K{} {}", pooch::dtype_name(idt), B, L, K,
+                                        kind == 0 ? "bce" : "hinge");
+    std::uniform_int_distribution<int64_t> pick(0, H - 1), rl(0, L - 1), rb(0, B - 1);
+    std::vector<I> index(static_cast<size_t>(L * K));
+    for (I& v : index) v = static_cast<I>(pick(rng));
+    const std::vector<float> x = randn(static_cast<size_t>(B * H), 1.0);
+    const std::vector<float> w = randn(static_cast<size_t>(L * K), 1.0 / std::sqrt(double(K)));
+    const std::vector<float> bias = randn(static_cast<size_t>(L), 0.1);
+    // Five distinct labels a row.
+    std::vector<int32_t> lptr{0}, lidx;
+    std::vector<std::vector<char>> target(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int32_t> row;
+      while (row.size() < 5) {
+        const auto l = static_cast<int32_t>(rl(rng));
+        if (std::find(row.begin(), row.end(), l) == row.end()) row.push_back(l);
+      }
+      lidx.insert(lidx.end(), row.begin(), row.end());
+      lptr.push_back(static_cast<int32_t>(lidx.size()));
+    }
+    auto is_target = [&](int64_t b, int64_t l) {
+      for (int32_t j = lptr[size_t(b)]; j < lptr[size_t(b + 1)]; ++j)
+        if (lidx[size_t(j)] == l) return true;
+      return false;
+    };
+    std::vector<double> z(static_cast<size_t>(B * L));
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t b = 0; b < B; ++b) {
+        double acc = bias[size_t(l)];
+        for (int64_t k = 0; k < K; ++k)
+          acc += double(w[size_t(l * K + k)]) *
+                 double(x[size_t(b * H + int64_t(index[size_t(l * K + k)]))]);
+        z[size_t(b * L + l)] = acc;
+      }
+    // The loss term and the (unscaled) gradient of logit (b, l).
+    auto term = [&](int64_t b, int64_t l) {
+      const double v = z[size_t(b * L + l)], t = is_target(b, l) ? 1 : 0;
+      if (kind == 0) return std::max(v, 0.0) - v * t + std::log1p(std::exp(-std::fabs(v)));
+      const double m = std::max(0.0, 1 - (2 * t - 1) * v);
+      return m * m;
+    };
+    auto grad = [&](int64_t b, int64_t l) {
+      const double v = z[size_t(b * L + l)], t = is_target(b, l) ? 1 : 0;
+      if (kind == 0) return 1 / (1 + std::exp(-v)) - t;
+      return -2 * (2 * t - 1) * std::max(0.0, 1 - (2 * t - 1) * v);
+    };
+    double loss = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t l = 0; l < L; ++l) loss += term(b, l);
+    loss /= double(B);
+    // The slots of each hidden unit, for dh's reference.
+    std::vector<int64_t> start(static_cast<size_t>(H + 1), 0);
+    for (I v : index) ++start[size_t(int64_t(v) + 1)];
+    for (int64_t h = 0; h < H; ++h) start[size_t(h + 1)] += start[size_t(h)];
+    std::vector<int64_t> slots(index.size()), fill(start.begin(), start.end() - 1);
+    for (size_t sl = 0; sl < index.size(); ++sl)
+      slots[size_t(fill[size_t(index[sl])]++)] = int64_t(sl);
+
+    const size_t mark = arena.used;
+    KernelArgs a;
+    a.n_in = 6;
+    a.in[0] = upload(x, DType::f32, {B, H});
+    a.in[1] = upload(index, idt, {L, K});
+    a.in[2] = upload(w, DType::f32, {L, K});
+    a.in[3] = upload(bias, DType::f32, {L});
+    a.in[4] = upload(lptr, DType::i32, {B + 1});
+    a.in[5] = upload(lidx, DType::i32, {int64_t(lidx.size())});
+    a.attrs.set("loss", double(kind));
+    const double isz = sizeof(I);
+    const double layer_bytes = 4.0 * B * H + isz * L * K + 4.0 * L * K + 4.0 * L;
+    const double flops = 2.0 * double(B) * double(L) * double(K);
+    auto loss_check = [&](float got) {
+      Check c;
+      c.add(got, loss, 1e-4);
+      return c.str();
+    };
+    {
+      KernelArgs f = a;
+      f.n_out = 1;
+      f.out[0] = alloc(DType::f32, {});
+      run(
+          "ffi_loss " + tag, "ffi_loss", "label-group", f, layer_bytes, flops,
+          [&](const KernelArgs& r) { return loss_check(mv.fetch<float>(r.out[0])[0]); }, true);
+    }
+    for (const char* variant : {"label-group", "label-slices"}) {
+      KernelArgs g = a;
+      g.n_out = 4;
+      g.out[0] = alloc(DType::f32, {B, H});
+      g.out[1] = alloc(DType::f32, {L, K});
+      g.out[2] = alloc(DType::f32, {L});
+      g.out[3] = alloc(DType::f32, {});
+      g.attrs.set("with_loss", 1.0);
+      run(
+          "ffi_loss_grad " + tag, "ffi_loss_grad", variant, g,
+          2 * layer_bytes + 4.0 * B * H + 4.0 * L * K + 4.0 * L, 3 * flops,
+          [&](const KernelArgs& r) {
+            const std::vector<float> dh = mv.fetch<float>(r.out[0]);
+            const std::vector<float> dw = mv.fetch<float>(r.out[1]);
+            const std::vector<float> db = mv.fetch<float>(r.out[2]);
+            const double scale = 1.0 / double(B);
+            Check c;
+            c.add(mv.fetch<float>(r.out[3])[0], loss, 1e-4);
+            for (int sample = 0; sample < 1000; ++sample) {
+              const int64_t l = rl(rng), k = sample % K;
+              const int64_t h = int64_t(index[size_t(l * K + k)]);
+              double rdw = 0, rdb = 0;
+              for (int64_t b = 0; b < B; ++b) {
+                rdw += grad(b, l) * scale * double(x[size_t(b * H + h)]);
+                rdb += grad(b, l) * scale;
+              }
+              c.add(dw[size_t(l * K + k)], rdw, 1e-4);
+              c.add(db[size_t(l)], rdb, 1e-4);
+              const int64_t b = rb(rng), u = pick(rng);
+              double rdh = 0;
+              for (int64_t t = start[size_t(u)]; t < start[size_t(u + 1)]; ++t)
+                rdh += grad(b, slots[size_t(t)] / K) * scale * double(w[size_t(slots[size_t(t)])]);
+              c.add(dh[size_t(b * H + u)], rdh, 1e-4);
+            }
+            return c.str();
+          },
+          true);
+    }
+    {
+      const int64_t k = 5;
+      KernelArgs t = a;
+      t.n_in = 4;
+      t.n_out = 2;
+      t.out[0] = alloc(DType::f32, {B, k});
+      t.out[1] = alloc(DType::i32, {B, k});
+      t.attrs.set("k", double(k));
+      run(
+          fmt::format("ffi_topk {} k{}", tag, k), "ffi_topk", "block-row", t, layer_bytes, flops,
+          [&](const KernelArgs& r) {
+            const std::vector<int32_t> idx = mv.fetch<int32_t>(r.out[1]);
+            int bad = 0;
+            std::vector<int64_t> order(static_cast<size_t>(L));
+            for (int64_t b = 0; b < B; ++b) {
+              for (int64_t i = 0; i < L; ++i) order[size_t(i)] = i;
+              const double* row = z.data() + b * L;
+              std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                                [&](int64_t p, int64_t q) { return row[p] > row[q]; });
+              // Ranked by f32 logits on the card: a near tie may swap.
+              for (int64_t j = 0; j < k; ++j) {
+                const int64_t got = idx[size_t(b * k + j)];
+                bad += got < 0 || got >= L || std::fabs(row[got] - row[order[size_t(j)]]) > 1e-4;
+              }
+            }
+            return bad ? fmt::format("FAIL {} of the top {} differ", bad, B * k)
+                       : std::string("ok (every row)");
+          },
+          true);
+    }
+    arena.used = mark;
   }
 
   // ---- device-to-device copy: the bandwidth ceiling ----
@@ -577,7 +740,15 @@ int main(int argc, char** argv) {
       b.ffi<uint16_t>(8, 4096, 20000, 32, 1.0);
       b.ffi<int32_t>(8, 70000, 20000, 32, 1.0);
       b.sparse_input(8, 5000, 64, 20);
+      b.fused_head<uint16_t>(8, 512, 20000, 32, 0);
+      b.fused_head<int32_t>(37, 70000, 5000, 32, 1);
     } else {
+      // The fused head first (its rows are the newest; the bench may run out
+      // of time): as Amazon-670K trains it (tests/device/run.sh step 8:
+      // hidden 512, batch 32), and the paper's wide one.
+      b.fused_head<uint16_t>(32, 512, 670091, 32, 0);
+      b.fused_head<uint16_t>(32, 512, 670091, 32, 1);
+      b.fused_head<uint16_t>(32, 65536, 670091, 32, 0);
       // Amazon-670K with the paper's FFI 32 + 65k head, batch 32.
       b.ffi<uint16_t>(32, 65536, 670091, 32, 1.0);
       b.ffi<uint16_t>(32, 65536, 670091, 32, 0.01);  // squared hinge: dy mostly zero

@@ -16,7 +16,8 @@
 #      Then starts, in the background, the synthetic data of step 8.
 #   3. test_cuda_backend: arena, streams, events, copies, budget, errors
 #   4. pooch-opcheck --backend cuda: every CUDA kernel against kernels/ref
-#   5. pooch-bench-cuda: the fixed fan-in head at 670091 labels, fan-in 32, and
+#   5. pooch-bench-cuda: the fused head (ffi_loss, ffi_loss_grad, ffi_topk) and
+#      the fixed fan-in layer at 670091 labels, fan-in 32, and
 #      the rest of the XMC head: time, bytes moved against the measured copy
 #      bandwidth, spot checks                           (bench_log.txt)
 #   6. out of core on the GPU: GPT-2 124M- and ResNet-50-shaped models train
