@@ -23,6 +23,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/util.h"
@@ -150,6 +151,19 @@ struct Check {
                : fmt::format("ok ({} sampled, max err {:.2g})", n, max_err);
   }
 };
+
+// The index transposed on the host: slots[start[h] .. start[h+1]) are the
+// slots (l·K + k) that read hidden unit h, in ascending order.
+template <class I>
+std::pair<std::vector<int64_t>, std::vector<int64_t>> slots_by_unit(const std::vector<I>& index,
+                                                                    int64_t H) {
+  std::vector<int64_t> start(static_cast<size_t>(H + 1), 0);
+  for (I v : index) ++start[size_t(int64_t(v) + 1)];
+  for (int64_t h = 0; h < H; ++h) start[size_t(h + 1)] += start[size_t(h)];
+  std::vector<int64_t> slots(index.size()), fill(start.begin(), start.end() - 1);
+  for (size_t s = 0; s < index.size(); ++s) slots[size_t(fill[size_t(index[s])]++)] = int64_t(s);
+  return {std::move(start), std::move(slots)};
+}
 
 struct Bench {
   Backend& be;
@@ -291,13 +305,7 @@ struct Bench {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t l = 0; l < L; ++l) loss += term(b, l);
     loss /= double(B);
-    // The slots of each hidden unit, for dh's reference.
-    std::vector<int64_t> start(static_cast<size_t>(H + 1), 0);
-    for (I v : index) ++start[size_t(int64_t(v) + 1)];
-    for (int64_t h = 0; h < H; ++h) start[size_t(h + 1)] += start[size_t(h)];
-    std::vector<int64_t> slots(index.size()), fill(start.begin(), start.end() - 1);
-    for (size_t sl = 0; sl < index.size(); ++sl)
-      slots[size_t(fill[size_t(index[sl])]++)] = int64_t(sl);
+    const auto [start, slots] = slots_by_unit(index, H);  // for dh's reference
 
     const size_t mark = arena.used;
     KernelArgs a;
@@ -501,14 +509,8 @@ struct Bench {
           },
           true);
     }
-    {  // input gradient, both variants
-      // The transposed index on the host, for the reference.
-      std::vector<int64_t> start(static_cast<size_t>(H + 1), 0);
-      for (I v : index) ++start[size_t(int64_t(v) + 1)];
-      for (int64_t h = 0; h < H; ++h) start[size_t(h + 1)] += start[size_t(h)];
-      std::vector<int64_t> slots(index.size()), fill(start.begin(), start.end() - 1);
-      for (size_t s = 0; s < index.size(); ++s)
-        slots[size_t(fill[size_t(index[s])]++)] = int64_t(s);
+    {                                                       // input gradient, both variants
+      const auto [start, slots] = slots_by_unit(index, H);  // for the reference
       for (const char* variant : {"atomic", "deterministic"}) {
         KernelArgs a;
         a.n_in = 3;
