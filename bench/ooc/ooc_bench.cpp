@@ -145,6 +145,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The q-quantile (0..1) of v, by the nearest rank.
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
 // Seconds of one train step on the inputs of step k.
 double time_step(Session& s, int k) {
   fill_inputs(s, k);
@@ -398,6 +404,29 @@ int main(int argc, char** argv) {
         }
         fmt::print("{:<16} {:>7} in-core step in the same rounds: {:.1f} ms (the ratios' base)\n",
                    "", budget_name, t_round * 1e3);
+        // auto against pooch-greedy round by round (their steps in a round
+        // are a few seconds apart): whether auto is faster, or the two only
+        // differ by the machine's drift.
+        const Run* greedy = nullptr;
+        const Run* automatic = nullptr;
+        for (const Run& run : runs) {
+          if (run.strategy == Strategy::pooch_greedy) greedy = &run;
+          if (run.strategy == Strategy::automatic) automatic = &run;
+        }
+        if (greedy && automatic) {
+          std::vector<double> per_round;
+          int faster = 0;
+          for (size_t k = 0; k < greedy->seconds.size(); ++k) {
+            per_round.push_back(automatic->seconds[k] / greedy->seconds[k]);
+            faster += automatic->seconds[k] < greedy->seconds[k];
+          }
+          fmt::print(
+              "{:<16} {:>7} auto / pooch-greedy round by round: median {:.3f} (quartiles "
+              "{:.3f}-{:.3f}), auto faster in {} of {} rounds; auto's plan started from {}\n",
+              "", budget_name, median(per_round), quantile(per_round, 0.25),
+              quantile(per_round, 0.75), faster, per_round.size(),
+              strategy_name(automatic->session->out_of_core().strategy));
+        }
       }
       const double again = time_steps(in_core, steps);
       fmt::print("in-core step measured again after the strategies: {:.1f} ms (first {:.1f} ms)\n",
