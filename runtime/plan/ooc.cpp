@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
@@ -69,6 +70,32 @@ Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_p
   return p;
 }
 
+std::optional<double> copy_latency(const std::vector<double>& bytes,
+                                   const std::vector<double>& seconds) {
+  if (bytes.size() < 4 || bytes.size() != seconds.size()) return std::nullopt;
+  const auto [lo, hi] = std::minmax_element(bytes.begin(), bytes.end());
+  if (*hi < 4 * std::max(*lo, 1.0)) return std::nullopt;
+  // Weighted by 1/seconds², so that each copy's relative error counts
+  // alike: unweighted, the largest copies decide the line and the
+  // intercept is noise.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (!(seconds[i] > 0)) return std::nullopt;
+    const double w = 1 / (seconds[i] * seconds[i]);
+    sw += w;
+    sx += w * bytes[i];
+    sy += w * seconds[i];
+    sxx += w * bytes[i] * bytes[i];
+    sxy += w * bytes[i] * seconds[i];
+  }
+  const double det = sw * sxx - sx * sx;
+  if (!(det > 0)) return std::nullopt;
+  const double slope = (sw * sxy - sx * sy) / det;
+  const double intercept = (sy - slope * sx) / sw;
+  if (!(slope > 0) || !(intercept >= 0)) return std::nullopt;
+  return intercept;
+}
+
 Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
                          const LinkModel& link) {
   Profile p;
@@ -90,19 +117,35 @@ Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
     // measured (on the CPU backend they are one kernel).
     p.node_seconds[n] = t.launch_seconds[i];
   }
-  double bytes[2] = {0, 0}, secs[2] = {0, 0};
-  int count[2] = {0, 0};
+  // Each way: the copies' (bytes, seconds), timed one at a time.
+  std::vector<double> sizes[2], times[2];
   for (const ScheduleStep& st : s.steps) {
     if (st.kind != StepKind::copy_in && st.kind != StepKind::copy_out) continue;
     const int k = st.kind == StepKind::copy_in ? 0 : 1;
-    bytes[k] += static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes);
-    secs[k] += t.copy_seconds[static_cast<size_t>(st.index)];
-    ++count[k];
+    sizes[k].push_back(static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes));
+    times[k].push_back(t.copy_seconds[static_cast<size_t>(st.index)]);
   }
+  // The latency: where a way's copies differ enough in size, the intercept
+  // of a line through them; one figure for both ways (the model has one),
+  // the ways' intercepts averaged by their copies. Else the model's.
+  double latency_sum = 0, fitted = 0;
+  for (int k = 0; k < 2; ++k)
+    if (const std::optional<double> a = copy_latency(sizes[k], times[k])) {
+      latency_sum += *a * static_cast<double>(sizes[k].size());
+      fitted += static_cast<double>(sizes[k].size());
+    }
+  if (fitted > 0) p.link.latency = latency_sum / fitted;
+  // The bandwidth each way: the copies' bytes over what is left of their
+  // time after the latency.
   for (int k = 0; k < 2; ++k) {
-    const double transfer = secs[k] - count[k] * link.latency;
-    if (count[k] == 0 || bytes[k] < 1e6 || transfer <= 0) continue;  // too little to measure
-    (k == 0 ? p.link.h2d_bandwidth : p.link.d2h_bandwidth) = bytes[k] / transfer;
+    double bytes = 0, secs = 0;
+    for (size_t i = 0; i < sizes[k].size(); ++i) {
+      bytes += sizes[k][i];
+      secs += times[k][i];
+    }
+    const double transfer = secs - static_cast<double>(sizes[k].size()) * p.link.latency;
+    if (sizes[k].empty() || bytes < 1e6 || transfer <= 0) continue;  // too little to measure
+    (k == 0 ? p.link.h2d_bandwidth : p.link.d2h_bandwidth) = bytes / transfer;
   }
   return p;
 }
@@ -148,7 +191,8 @@ Profile median_profile(const std::vector<Profile>& runs) {
   p.link.h2d_bandwidth = median_of(v);
   for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].link.d2h_bandwidth;
   p.link.d2h_bandwidth = median_of(v);
-  p.link.latency = runs.back().link.latency;  // not measured: the model's
+  for (size_t i = 0; i < runs.size(); ++i) v[i] = runs[i].link.latency;
+  p.link.latency = median_of(v);
   p.link.compute_seconds_per_byte = runs.back().link.compute_seconds_per_byte;
   return p;
 }

@@ -3,6 +3,7 @@
 // the two copy streams, and the strategies that decide, for every saved
 // activation, keep, swap or recompute so that a train step fits a budget.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,16 @@ struct Profile {
 // planning guess before a measurement, or a card's description).
 Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_per_second,
                          const LinkModel& link, double launch_seconds = 2e-6);
+// The latency of copies timed one at a time, bytes[i] taking seconds[i]:
+// the intercept of a line through them (weighted so that each copy's
+// relative error counts alike). None where there are fewer than four, their
+// sizes span less than a factor of four, or the line makes no sense (a
+// negative intercept or slope).
+std::optional<double> copy_latency(const std::vector<double>& bytes,
+                                   const std::vector<double>& seconds);
 // Each node's time from a timed run of a schedule (Executor::run_timed);
-// the link's bandwidth from its copies when it made any, else `link`.
+// the link's latency (copy_latency, over both ways) and bandwidth each way
+// from its copies when it made enough, else `link`'s.
 Profile measured_profile(const Graph& g, const Schedule& s, const StepTimes& t,
                          const LinkModel& link);
 // Each node's median time over several measured profiles of one graph, and

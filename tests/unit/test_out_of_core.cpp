@@ -782,6 +782,66 @@ TEST(Profiler, TheProfileIsEachNodesMedianOverTheRuns) {
   EXPECT_THROW((void)median_profile({profile_of({1}, 1, 1), profile_of({1, 2}, 1, 1)}), Error);
 }
 
+// The link's latency is measured too: the intercept of a line through the
+// copies' times, weighted so that small copies count as much as large ones.
+TEST(Profiler, CopyLatencyIsTheInterceptOfTheCopiesTimes) {
+  std::vector<double> bytes, secs;
+  for (double b : {4e3, 6e4, 1e5, 2e6, 3e7}) {
+    bytes.push_back(b);
+    secs.push_back(30e-6 + b / 1e9);
+  }
+  ASSERT_TRUE(copy_latency(bytes, secs).has_value());
+  EXPECT_NEAR(*copy_latency(bytes, secs), 30e-6, 1e-12);
+  // Noise of 5% on each copy: the intercept still within 10% (unweighted,
+  // the 30 ms copy's error alone would be 1.5 ms, fifty latencies).
+  std::vector<double> noisy = secs;
+  for (size_t i = 0; i < noisy.size(); ++i) noisy[i] *= i % 2 ? 1.05 : 0.95;
+  ASSERT_TRUE(copy_latency(bytes, noisy).has_value());
+  EXPECT_NEAR(*copy_latency(bytes, noisy), 30e-6, 3e-6);
+  // No line: too few copies, sizes too alike, a negative intercept.
+  EXPECT_FALSE(copy_latency({1e3, 1e6, 1e7}, {1e-5, 1e-3, 1e-2}).has_value());
+  EXPECT_FALSE(copy_latency({1e6, 2e6, 3e6, 3.9e6}, {1e-3, 2e-3, 3e-3, 3.9e-3}).has_value());
+  EXPECT_FALSE(copy_latency({1e4, 1e5, 1e6, 1e7}, {5e-6, 95e-6, 995e-6, 9995e-6}).has_value());
+}
+
+// measured_profile fits the latency over both ways and each way's bandwidth
+// after it; where the sizes allow no line, the latency stays the model's.
+TEST(Profiler, TheMeasuredProfileFitsTheLinksLatencyAndEachWaysBandwidth) {
+  const Graph g;
+  Schedule s;
+  StepTimes t;
+  for (double b : {4e3, 6e4, 1e5, 2e6, 3e7}) {
+    ScheduledCopy c;
+    c.bytes = static_cast<size_t>(b);
+    s.add_copy(StepKind::copy_in, Stream::h2d, c);
+    t.copy_seconds.push_back(20e-6 + b / 1e9);
+    s.add_copy(StepKind::copy_out, Stream::d2h, c);
+    t.copy_seconds.push_back(20e-6 + b / 2e9);
+  }
+  const Profile p = measured_profile(g, s, t, LinkModel{});
+  EXPECT_NEAR(p.link.latency, 20e-6, 1e-12);
+  EXPECT_NEAR(p.link.h2d_bandwidth, 1e9, 1e-3);
+  EXPECT_NEAR(p.link.d2h_bandwidth, 2e9, 1e-3);
+  // Copies of one size: the bandwidth after the model's latency.
+  Schedule one;
+  StepTimes ot;
+  for (int i = 0; i < 8; ++i) {
+    ScheduledCopy c;
+    c.bytes = 1 << 20;
+    one.add_copy(StepKind::copy_in, Stream::h2d, c);
+    ot.copy_seconds.push_back(LinkModel{}.latency + 1e-3);
+  }
+  const Profile q = measured_profile(g, one, ot, LinkModel{});
+  EXPECT_EQ(q.link.latency, LinkModel{}.latency);
+  EXPECT_NEAR(q.link.h2d_bandwidth, (1 << 20) / 1e-3, 1e-3);
+  // The median over runs takes the latency's median too.
+  Profile a = p, b = p, c = p;
+  a.link.latency = 1e-6;
+  b.link.latency = 5e-6;
+  c.link.latency = 9e-6;
+  EXPECT_EQ(median_profile({c, a, b}).link.latency, 5e-6);
+}
+
 // A profiled step on the CPU backend with an emulated link times its copies
 // on the copy streams' clocks: the bandwidth measured from them can never
 // beat the link (the emulation makes each copy take at least its time), and
