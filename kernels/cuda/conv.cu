@@ -420,11 +420,15 @@ void batchnorm(const KernelArgs& a) {
   const double eps = a.attrs.get("eps", 1e-5), mom = a.attrs.get("momentum", 0.1);
   const bool training = !a.ctx || a.ctx->training;
   const int64_t C = a.in[0].shape[1];
-  if (training && !launch_bn_stats(a, mom, a.in[3].as<float>(), a.in[4].as<float>(),
-                                   a.out[1].as<float>(), a.out[2].as<float>()))
-    return;
   with_handle(a, "batchnorm", p, [&](cudnnHandle_t h) {
-    if (training) return bn_normalise(h, a, p, a.out[1].data, a.out[2].data, eps);
+    // The statistics (and the running averages) only once the call is known
+    // to be possible, so that a refused call changes nothing.
+    if (training) {
+      if (!launch_bn_stats(a, mom, a.in[3].as<float>(), a.in[4].as<float>(), a.out[1].as<float>(),
+                           a.out[2].as<float>()))
+        return CUDNN_STATUS_EXECUTION_FAILED;
+      return bn_normalise(h, a, p, a.out[1].data, a.out[2].data, eps);
+    }
     const cudnnStatus_t st = bn_normalise(h, a, p, a.in[3].data, a.in[4].data, eps);
     cuda_ok(cudaMemcpyAsync(a.out[1].data, a.in[3].data, static_cast<size_t>(C) * 4,
                             cudaMemcpyDeviceToDevice, stream_of(a)),
