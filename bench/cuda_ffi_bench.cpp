@@ -380,7 +380,7 @@ struct Bench {
       t.out[1] = alloc(DType::i32, {B, k});
       t.attrs.set("k", double(k));
       run(
-          fmt::format("ffi_topk {} k{}", tag, k), "ffi_topk", "block-row", t, layer_bytes, flops,
+          fmt::format("ffi_topk {} k{}", tag, k), "ffi_topk", "row-ranges", t, layer_bytes, flops,
           [&](const KernelArgs& r) {
             const std::vector<int32_t> idx = mv.fetch<int32_t>(r.out[1]);
             int bad = 0;

@@ -23,8 +23,9 @@
 // from the logits it forms anyway, on ffi_loss's grid and in its order, so
 // the two ops give the same bits and a train step forms its logits once.
 //
-// ffi_topk: one block per row; each thread keeps its own top k (k at most
-// kTopK) of the labels it strides over, then thread 0 merges them.
+// ffi_topk: a block per row and range of labels; each thread keeps its own
+// top k (k at most kTopK) of the labels it strides over, thread 0 merges
+// them into the range's candidates, and a thread per row merges its ranges.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -370,27 +371,60 @@ __device__ __forceinline__ void insert(float v, int64_t l, float* bv, int32_t* b
   bi[p] = int32_t(l);
 }
 
-// Block r: each thread's own top k in shared memory, merged by thread 0.
-__global__ void topk_rows(Layer y, int k, float* values, int32_t* indices) {
+// The labels of a row fall into `splits` ranges, a block each, so that a
+// batch of 32 rows fills more than 32 multiprocessors (one block per row
+// before). A function of the label count alone; the result does not depend
+// on it (the order is total).
+constexpr int64_t kTopkLabelsPerSplit = 8192;
+constexpr int64_t kTopkSplits = 64;
+
+int64_t topk_splits(int64_t labels) {
+  return std::clamp<int64_t>(ceil_div(labels, kTopkLabelsPerSplit), 1, kTopkSplits);
+}
+
+// Block (r, s): each thread's own top k of range s in shared memory, merged
+// by thread 0 into range s's candidates: cand_v/cand_i[(r·splits + s)·k + j],
+// cand_n[r·splits + s] of them.
+__global__ void topk_ranges(Layer y, int k, int64_t splits, float* cand_v, int32_t* cand_i,
+                            int* cand_n) {
   extern __shared__ unsigned char smem[];
   float* sv = reinterpret_cast<float*>(smem);
   int32_t* si = reinterpret_cast<int32_t*>(sv + blockDim.x * k);
   int* sn = reinterpret_cast<int*>(si + blockDim.x * k);
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x, s = blockIdx.y;
+  const int64_t l0 = y.labels * s / splits, l1 = y.labels * (s + 1) / splits;
   float* bv = sv + threadIdx.x * k;
   int32_t* bi = si + threadIdx.x * k;
   int n = 0;
-  for (int64_t l = threadIdx.x; l < y.labels; l += blockDim.x)
+  for (int64_t l = l0 + threadIdx.x; l < l1; l += blockDim.x)
     insert(logit(y, l, r), l, bv, bi, n, k);
   sn[threadIdx.x] = n;
   __syncthreads();
   if (threadIdx.x != 0) return;
-  float best_v[kTopK];
-  int32_t best_i[kTopK];
+  const int64_t at = r * splits + s;
+  float* best_v = cand_v + at * k;
+  int32_t* best_i = cand_i + at * k;
   int m = 0;
   for (unsigned t = 0; t < blockDim.x; ++t)
     for (int j = 0; j < sn[t]; ++j) insert(sv[t * k + j], si[t * k + j], best_v, best_i, m, k);
-  for (int j = 0; j < k; ++j) {
+  cand_n[at] = m;
+}
+
+// Row r (a thread each): its ranges' candidates merged into its top k.
+__global__ void topk_merge(int64_t rows, int k, int64_t splits, const float* cand_v,
+                           const int32_t* cand_i, const int* cand_n, float* values,
+                           int32_t* indices) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (r >= rows) return;
+  float best_v[kTopK];
+  int32_t best_i[kTopK];
+  int m = 0;
+  for (int64_t s = 0; s < splits; ++s) {
+    const int64_t at = r * splits + s;
+    for (int j = 0; j < cand_n[at]; ++j)
+      insert(cand_v[at * k + j], cand_i[at * k + j], best_v, best_i, m, k);
+  }
+  for (int j = 0; j < m; ++j) {
     values[r * k + j] = best_v[j];
     indices[r * k + j] = best_i[j];
   }
@@ -447,9 +481,32 @@ size_t loss_grad_det_ws(const KernelArgs& a) {
   carve(a, 2, nullptr, &n);
   return n;
 }
+// ffi_topk's workspace: hT, then the ranges' candidates.
+struct TopkScratch {
+  float* ht;
+  float* cand_v;
+  int32_t* cand_i;
+  int* cand_n;
+};
+
+TopkScratch carve_topk(const KernelArgs& a, std::byte* base, size_t* bytes) {
+  const int64_t B = a.in[0].shape[0], H = a.in[0].shape[1];
+  const int64_t cands = B * topk_splits(a.in[1].shape[0]);
+  const auto k = static_cast<size_t>(a.out[0].shape[1]);
+  Carve c{base};
+  TopkScratch t{};
+  t.ht = c.take<float>(static_cast<size_t>(padded_batch(B) * H));
+  t.cand_v = c.take<float>(static_cast<size_t>(cands) * k);
+  t.cand_i = c.take<int32_t>(static_cast<size_t>(cands) * k);
+  t.cand_n = c.take<int>(static_cast<size_t>(cands));
+  if (bytes) *bytes = c.used;
+  return t;
+}
+
 size_t topk_ws(const KernelArgs& a) {
-  return align_up(static_cast<size_t>(padded_batch(a.in[0].shape[0]) * a.in[0].shape[1]) *
-                  sizeof(float));
+  size_t n = 0;
+  carve_topk(a, nullptr, &n);
+  return n;
 }
 
 // The loss into out from the blocks' partial sums in s (and, for softmax,
@@ -549,16 +606,22 @@ void ffi_loss_grad_det(const KernelArgs& a) {
 void ffi_topk(const KernelArgs& a) {
   if (!f32_only(a, "ffi_topk")) return;
   cudaStream_t st = stream_of(a);
-  const Layer y = layer_of(a, static_cast<const float*>(a.workspace));
+  const TopkScratch t = carve_topk(a, static_cast<std::byte*>(a.workspace), nullptr);
+  const Layer y = layer_of(a, t.ht);
   const int k = static_cast<int>(a.out[0].shape[1]);
   if (y.batch == 0) return;
   if (!launch_transpose_in(a, y, st, "ffi_topk transpose")) return;
   const int threads = 128;
   const size_t shared =
       static_cast<size_t>(threads) * (k * (sizeof(float) + sizeof(int32_t)) + sizeof(int));
-  topk_rows<<<static_cast<unsigned>(y.batch), threads, shared, st>>>(y, k, a.out[0].as<float>(),
-                                                                     a.out[1].as<int32_t>());
-  launched("ffi_topk");
+  const int64_t splits = topk_splits(y.labels);
+  const dim3 grid(static_cast<unsigned>(y.batch), static_cast<unsigned>(splits));
+  topk_ranges<<<grid, threads, shared, st>>>(y, k, splits, t.cand_v, t.cand_i, t.cand_n);
+  if (!launched("ffi_topk ranges")) return;
+  topk_merge<<<grid_for(y.batch, kThreads), kThreads, 0, st>>>(
+      y.batch, k, splits, t.cand_v, t.cand_i, t.cand_n, a.out[0].as<float>(),
+      a.out[1].as<int32_t>());
+  launched("ffi_topk merge");
 }
 
 bool supports(const KernelArgs& a) {
@@ -577,7 +640,7 @@ std::vector<KernelVariant> cuda_ffi_head_kernels() {
       {"ffi_loss", "label-group", ffi_loss, loss_ws, true, supports},
       {"ffi_loss_grad", "label-group", ffi_loss_grad, loss_grad_ws, false, supports},
       {"ffi_loss_grad", "label-slices", ffi_loss_grad_det, loss_grad_det_ws, true, supports},
-      {"ffi_topk", "block-row", ffi_topk, topk_ws, true, supports_topk},
+      {"ffi_topk", "row-ranges", ffi_topk, topk_ws, true, supports_topk},
   };
 }
 
