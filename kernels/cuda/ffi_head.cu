@@ -16,8 +16,9 @@
 // Targets: a row's labels are few, so a logit's target is looked up by a scan
 // of its row's list.
 //
-// Softmax first needs each row's log-sum-exp over all labels: one block per
-// row, its threads striding over the labels with a running (max, sum).
+// Softmax first needs each row's log-sum-exp over all labels: a block per row
+// and range of labels (two passes: the maximum, then the sum), then a thread
+// per row combines its ranges.
 //
 // ffi_loss_grad's loss output (with_loss) is summed by the gradient kernel
 // from the logits it forms anyway, on ffi_loss's grid and in its order, so
@@ -132,13 +133,27 @@ __global__ void transpose_in(const float* h, int64_t batch, int64_t bp, int64_t 
   }
 }
 
-// lse[r] over every label: block r, threads striding over labels.
-__global__ void row_lse(Layer y, double* lse) {
+// ffi_topk and softmax's log-sum-exp split a row's labels into ranges, a
+// block per row and range, so that a batch of 32 rows fills more than 32
+// multiprocessors (one block per row before). A function of the label
+// count alone, so the bits do not depend on the device.
+constexpr int64_t kLabelsPerRange = 8192;
+constexpr int64_t kMaxRanges = 64;
+
+int64_t label_ranges(int64_t labels) {
+  return std::clamp<int64_t>(ceil_div(labels, kLabelsPerRange), 1, kMaxRanges);
+}
+
+// Block (r, s): range s of row r's labels, threads striding over them, in
+// two passes: the maximum (its shift: 0 where not finite), then Σ exp(x −
+// shift), into shift[r·ranges + s] and sum[r·ranges + s].
+__global__ void lse_ranges(Layer y, int64_t ranges, double* shifts, double* sums) {
   __shared__ double scratch[33];
   __shared__ double mx;
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x, rs = blockIdx.y;
+  const int64_t l0 = y.labels * rs / ranges, l1 = y.labels * (rs + 1) / ranges;
   double m = -INFINITY;
-  for (int64_t l = threadIdx.x; l < y.labels; l += blockDim.x) m = fmax(m, double(logit(y, l, r)));
+  for (int64_t l = l0 + threadIdx.x; l < l1; l += blockDim.x) m = fmax(m, double(logit(y, l, r)));
   // Block maximum through the sum helper's layout: a max tree of our own.
   for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_down_sync(kFullMask, m, o));
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = m;
@@ -151,10 +166,31 @@ __global__ void row_lse(Layer y, double* lse) {
   __syncthreads();
   const double shift = isfinite(mx) ? mx : 0.0;
   double s = 0;
-  for (int64_t l = threadIdx.x; l < y.labels; l += blockDim.x)
+  for (int64_t l = l0 + threadIdx.x; l < l1; l += blockDim.x)
     s += exp(double(logit(y, l, r)) - shift);
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) lse[r] = shift + log(s);
+  if (threadIdx.x != 0) return;
+  shifts[r * ranges + rs] = shift;
+  sums[r * ranges + rs] = s;
+}
+
+// lse[r] from its ranges (a thread per row, the ranges in order): the
+// largest shift of a range with a positive sum, M, and M + log Σ sum·exp(shift
+// − M). No such range: log 0 = −inf; a NaN or infinite sum carries through.
+__global__ void lse_merge(int64_t rows, int64_t ranges, const double* shifts, const double* sums,
+                          double* lse) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (r >= rows) return;
+  const double* sh = shifts + r * ranges;
+  const double* su = sums + r * ranges;
+  double top = -INFINITY;
+  for (int64_t i = 0; i < ranges; ++i)
+    if (su[i] > 0) top = fmax(top, sh[i]);
+  if (!isfinite(top)) top = 0;
+  double total = 0;
+  for (int64_t i = 0; i < ranges; ++i)
+    if (su[i] != 0) total += su[i] * exp(sh[i] - top);  // an empty range adds no 0·inf
+  lse[r] = top + log(total);
 }
 
 // A logit's part of the loss sum: its term (bce, squared hinge), or for
@@ -371,17 +407,6 @@ __device__ __forceinline__ void insert(float v, int64_t l, float* bv, int32_t* b
   bi[p] = int32_t(l);
 }
 
-// The labels of a row fall into `splits` ranges, a block each, so that a
-// batch of 32 rows fills more than 32 multiprocessors (one block per row
-// before). A function of the label count alone; the result does not depend
-// on it (the order is total).
-constexpr int64_t kTopkLabelsPerSplit = 8192;
-constexpr int64_t kTopkSplits = 64;
-
-int64_t topk_splits(int64_t labels) {
-  return std::clamp<int64_t>(ceil_div(labels, kTopkLabelsPerSplit), 1, kTopkSplits);
-}
-
 // Block (r, s): each thread's own top k of range s in shared memory, merged
 // by thread 0 into range s's candidates: cand_v/cand_i[(r·splits + s)·k + j],
 // cand_n[r·splits + s] of them.
@@ -448,6 +473,8 @@ struct Scratch {
   float* dht;
   double* lse;
   double* partial;
+  double* lse_shifts;  // softmax: each row's ranges (lse_ranges)
+  double* lse_sums;
 };
 
 // grad: 0 the loss, 1 the gradient with dh by adds, 2 the deterministic
@@ -462,6 +489,10 @@ Scratch carve(const KernelArgs& a, int grad, std::byte* base, size_t* bytes) {
               : nullptr;
   s.lse = c.take<double>(static_cast<size_t>(B > 0 ? B : 1));
   s.partial = c.take<double>(kPartials);
+  const auto range_cells =
+      static_cast<size_t>(std::max<int64_t>(1, B) * label_ranges(a.in[1].shape[0]));
+  s.lse_shifts = c.take<double>(range_cells);
+  s.lse_sums = c.take<double>(range_cells);
   if (bytes) *bytes = c.used;
   return s;
 }
@@ -491,7 +522,7 @@ struct TopkScratch {
 
 TopkScratch carve_topk(const KernelArgs& a, std::byte* base, size_t* bytes) {
   const int64_t B = a.in[0].shape[0], H = a.in[0].shape[1];
-  const int64_t cands = B * topk_splits(a.in[1].shape[0]);
+  const int64_t cands = B * label_ranges(a.in[1].shape[0]);
   const auto k = static_cast<size_t>(a.out[0].shape[1]);
   Carve c{base};
   TopkScratch t{};
@@ -519,6 +550,17 @@ bool launch_loss_total(const Layer& y, const Scratch& s, int kind, const int32_t
   return launched(what);
 }
 
+// Each row's log-sum-exp over every label into s.lse (softmax).
+bool launch_lse(const Layer& y, const Scratch& s, cudaStream_t st) {
+  const int64_t ranges = label_ranges(y.labels);
+  const dim3 grid(static_cast<unsigned>(y.batch), static_cast<unsigned>(ranges));
+  lse_ranges<<<grid, kThreads, 0, st>>>(y, ranges, s.lse_shifts, s.lse_sums);
+  if (!launched("ffi lse_ranges")) return false;
+  lse_merge<<<grid_for(y.batch, kThreads), kThreads, 0, st>>>(y.batch, ranges, s.lse_shifts,
+                                                              s.lse_sums, s.lse);
+  return launched("ffi lse_merge");
+}
+
 // hT (and its zero pad rows) from the layer's input into y.ht.
 bool launch_transpose_in(const KernelArgs& a, const Layer& y, cudaStream_t st, const char* what) {
   if (y.bp * y.hidden == 0) return true;
@@ -536,10 +578,7 @@ void ffi_loss(const KernelArgs& a) {
   const auto* lptr = a.in[4].as<int32_t>();
   const auto* lidx = a.in[5].as<int32_t>();
   if (!launch_transpose_in(a, y, st, "ffi_loss transpose")) return;
-  if (kind == 2 && y.batch > 0 && y.labels > 0) {
-    row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
-    if (!launched("ffi_loss row_lse")) return;
-  }
+  if (kind == 2 && y.batch > 0 && y.labels > 0 && !launch_lse(y, s, st)) return;
   loss_partials<<<loss_blocks(y.labels), kThreads, 0, st>>>(y, lptr, lidx, kind, s.partial);
   if (!launched("ffi_loss partials")) return;
   launch_loss_total(y, s, kind, lptr, st, a.out[0].as<float>(), "ffi_loss total");
@@ -566,10 +605,7 @@ void loss_grad_launch(const KernelArgs& a, bool deterministic) {
             "cudaMemsetAsync"))
       return;
   }
-  if (kind == 2 && y.batch > 0 && y.labels > 0) {
-    row_lse<<<static_cast<unsigned>(y.batch), kThreads, 0, st>>>(y, s.lse);
-    if (!launched("ffi_loss_grad row_lse")) return;
-  }
+  if (kind == 2 && y.batch > 0 && y.labels > 0 && !launch_lse(y, s, st)) return;
   const bool with_loss = a.n_out > 3;
   if (y.labels > 0 || with_loss) {
     // With no labels, the loss grid's one block writes its zero partial.
@@ -614,7 +650,7 @@ void ffi_topk(const KernelArgs& a) {
   const int threads = 128;
   const size_t shared =
       static_cast<size_t>(threads) * (k * (sizeof(float) + sizeof(int32_t)) + sizeof(int));
-  const int64_t splits = topk_splits(y.labels);
+  const int64_t splits = label_ranges(y.labels);
   const dim3 grid(static_cast<unsigned>(y.batch), static_cast<unsigned>(splits));
   topk_ranges<<<grid, threads, shared, st>>>(y, k, splits, t.cand_v, t.cand_i, t.cand_n);
   if (!launched("ffi_topk ranges")) return;
