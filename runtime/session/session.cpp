@@ -391,10 +391,10 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
       const double sd = slowdown(), est = slowdown_at_estimate();
       if (!fastest || (sd < fastest->slowdown && est <= fastest->at_estimate))
         fastest = Fitted{paged, host_update, sd, est, level};
-      // Nor where the step at the estimate is within the paging-count tie
-      // of in core: a bet must not be slower there, so it could win by a
-      // tie at most (ResNet-50 at 64 pixels, a third of its activation
-      // memory, 1.008x: the bet's plans took 0.18 s of planning for nothing).
+      // No bet either where the step at the estimate is within the
+      // paging-count tie of in core: a bet must not be slower there, so it
+      // could win by a tie at most (ResNet-50 at 64 pixels, a third of its
+      // activation memory, 1.008x: the bet's plans took 0.18 s for nothing).
       if (level >= std::min(last_level, 1) || !budget_ || !trains ||
           cfg.strategy != Strategy::automatic || fastest->slowdown <= kTryPagingAbove ||
           fastest->at_estimate <= kPagingTie)
