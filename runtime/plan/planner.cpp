@@ -71,6 +71,14 @@ SessionLayout plan_session_layout(const Graph& g, const std::vector<TensorId>& s
   return l;
 }
 
+ProgramRequest program_request(const Graph& g, const std::vector<TensorId>& wanted, bool training) {
+  ProgramRequest rq;
+  rq.nodes = select_nodes(g, wanted, training);
+  rq.outputs = wanted;
+  rq.training = training;
+  return rq;
+}
+
 std::vector<int> select_nodes(const Graph& g, const std::vector<TensorId>& wanted,
                               bool with_updates) {
   const auto& nodes = g.nodes();

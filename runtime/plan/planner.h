@@ -80,6 +80,10 @@ struct ProgramRequest {
   bool remake_unsaved = true;
 };
 
+// The program computing `wanted` (select_nodes' nodes, with the updates when
+// `training`), in graph order.
+ProgramRequest program_request(const Graph& g, const std::vector<TensorId>& wanted, bool training);
+
 // A tensor of a program that may leave the device for a gap in its uses: an
 // activation made at or before the split and read after it, or a gradient
 // that waits for its update (with gradient clipping, until every gradient's

@@ -69,50 +69,41 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   // computes it again (the forward op then does not run in the step),
   // staged into the loss's own host slot, so the caller reads it by the
   // loss's name after any program.
-  TensorId train_loss = kNoTensor;
   if (cfg.train && !m.losses.empty()) {
     if (m.losses.size() > 1)
       throw Error(POOCH_ERR_UNSUPPORTED,
                   fmt::format("the model has {} losses; a session trains one", m.losses.size()));
     append_optimizer(graph_, build_backward(graph_, m.losses[0]), cfg.optimizer);
-    train_loss = training_loss(graph_, m.losses[0]);
+    train_loss_ = training_loss(graph_, m.losses[0]);
   }
   const int threads = resolve_threads(cfg.threads);
   backend_ =
       make_backend(cfg.device, {cfg.device_memory, threads, cfg.link_bandwidth, cfg.link_latency},
                    note, note_user);
 
-  std::vector<TensorId> staged;
-  for (const IoTensor& t : m.inputs) staged.push_back(t.id);
-  for (const IoTensor& t : m.outputs) staged.push_back(t.id);
-  for (TensorId t : graph_.outputs()) staged.push_back(t);
+  for (const IoTensor& t : m.inputs) staged_.push_back(t.id);
+  for (const IoTensor& t : m.outputs) staged_.push_back(t.id);
+  for (TensorId t : graph_.outputs()) staged_.push_back(t);
 
   ctx_ = std::make_unique<kern::KernelContext>();
   ctx_->seed = m.seed;
   ctx_->threads = threads;
 
   // The standard programs, each planned on its own over the persistent region.
-  std::vector<TensorId> losses = m.losses, results, all;
+  losses_ = m.losses;
   for (const IoTensor& t : m.outputs) {
-    all.push_back(t.id);
-    if (std::find(losses.begin(), losses.end(), t.id) == losses.end()) results.push_back(t.id);
+    all_.push_back(t.id);
+    if (std::find(losses_.begin(), losses_.end(), t.id) == losses_.end()) results_.push_back(t.id);
   }
-  const PlanOptions po{cfg.deterministic, cfg.blocked_layouts};
+  trains_ = cfg.train && !losses_.empty();
   budget_ = cfg.device_memory ? cfg.device_memory : backend_->memory_info().budget;
   // A backend may keep part of the budget for itself (the CUDA backend:
   // cuBLAS's workspace, allocated beside the arena): the arena is planned in
   // what it leaves, and a budget named in an error counts that part in.
-  const size_t kept_by_backend =
-      cfg.device_memory && !cfg.machine ? backend_->kept_from_budget() : 0;
-  if (kept_by_backend) budget_ = budget_ > kept_by_backend ? budget_ - kept_by_backend : 1;
-  auto with_kept = [&](const OutOfBudget& e) {
-    if (!kept_by_backend) return e;
-    const size_t needed = e.needed_bytes() + kept_by_backend;
-    return OutOfBudget(
-        needed, fmt::format("{} (The {} backend keeps {:.2f} MiB of the device budget for itself, "
-                            "so the budget must be at least {} MiB.)",
-                            e.what(), backend_->name(), to_mib(kept_by_backend), mib_ceil(needed)));
-  };
+  kept_by_backend_ = cfg.device_memory && !cfg.machine ? backend_->kept_from_budget() : 0;
+  if (kept_by_backend_) budget_ = budget_ > kept_by_backend_ ? budget_ - kept_by_backend_ : 1;
+  PlanningRun run;
+  run.host_cap = cfg.host_memory;
   double faster_by = 1;  // the backend's doubt about its estimate (none for a card)
   if (cfg.machine) {
     // Planned for the described card: its roofline and link, its memory.
@@ -129,331 +120,41 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     profile_ = estimate_profile(graph_, r.flops_per_second, r.bytes_per_second, link);
     faster_by = r.faster_by;
   }
-  // The paging decisions below stay when a measured profile replans the
-  // activations, so where the profile is only the backend's nominal estimate
-  // they are judged by the worse of two slowdowns against in core: at the
-  // estimate, and with compute Roofline::faster_by times faster than it (the
-  // CPU's 20 GFLOP/s placeholder is 8 times slow on the 2-core development
-  // machine; a GPU's nominal roofline is 60% of its peak). Judged at the
-  // estimate alone, where every copy looks hidden behind compute, `auto`
-  // paged more than it needed on the MLP chain at half its arena and swapped
-  // the activations that room would have held: 3.30x its in-core step,
-  // against pooch-greedy's 2.57x (bench/ooc).
-  std::optional<Profile> doubt;
+  // The paging decisions are made from this profile and stay when a
+  // measured profile replans the activations, so where the profile is only
+  // the backend's nominal estimate they are judged by the worse of two slowdowns against in core:
+  // at the estimate, and with compute Roofline::faster_by times faster than
+  // it (the CPU's 20 GFLOP/s placeholder is 8 times slow on the 2-core
+  // development machine; a GPU's nominal roofline is 60% of its peak).
+  // Judged at the estimate alone, where every copy looks hidden behind
+  // compute, `auto` paged more than it needed on the MLP chain at half its
+  // arena and swapped the activations that room would have held: 3.30x its
+  // in-core step, against pooch-greedy's 2.57x (bench/ooc).
   if (!cfg.machine && faster_by > 1) {
-    doubt = profile_;
+    run.doubt = profile_;
     for (std::vector<double>* v :
-         {&doubt->node_seconds, &doubt->replay_seconds, &doubt->host_node_seconds})
+         {&run.doubt->node_seconds, &run.doubt->replay_seconds, &run.doubt->host_node_seconds})
       for (double& t : *v) t /= faster_by;
   }
-  double in_core_doubt = 0;  // the in-core train step's time under `doubt`
-  const size_t align = backend_->caps().alignment;
-  auto request = [&](const std::vector<TensorId>& wanted, bool training) {
-    ProgramRequest rq;
-    rq.nodes = select_nodes(graph_, wanted, training);
-    rq.outputs = wanted;
-    rq.training = training;
-    return rq;
-  };
-  auto plan = [&](ProgramKind kind, const std::vector<TensorId>& wanted, bool training) {
-    auto p = std::make_unique<CompiledProgram>();
-    p->outputs = wanted;
-    ProgramRequest rq = request(wanted, training);
-    p->schedule = plan_schedule(graph_, rq, *backend_, layout_, po);
-    if (kind == ProgramKind::train_step) {
-      ooc_.in_core_arena = p->schedule.arena_bytes;
-      ooc_.predicted_in_core = simulate(p->schedule, profile_).seconds;
-      if (doubt) in_core_doubt = simulate(p->schedule, *doubt).seconds;
-      ooc_.predicted_seconds = ooc_.predicted_in_core;
-      // The forward part ends at the node that makes the loss, or just
-      // before the backward op that makes it (that op is the backward's first).
-      for (size_t i = 0; i < rq.nodes.size(); ++i)
-        for (TensorId o : graph_.nodes()[static_cast<size_t>(rq.nodes[i])].outputs)
-          if (o == train_loss)
-            rq.split = std::max(0, static_cast<int>(i) - (o == m.losses[0] ? 0 : 1));
-      train_request_ = rq;
-      if (budget_ && p->schedule.arena_bytes > budget_ && cfg.strategy != Strategy::keep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        OocPlan op = plan_out_of_core(graph_, rq, *backend_, layout_, po, cfg.strategy, budget_,
-                                      profile_, cfg.host_memory);
-        ooc_.plan_seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        p->schedule = std::move(op.schedule);
-        ooc_.active = true;
-        ooc_.strategy = op.strategy;
-        ooc_.swapped_bytes = p->schedule.swapped_bytes;
-        ooc_.recomputed_bytes = p->schedule.recomputed_bytes;
-        ooc_.predicted_seconds = op.sim.seconds;
-        ooc_.plans_tried = op.plans_tried;
-      }
-    }
-    programs_[static_cast<int>(kind)] = std::move(p);
-  };
-  const bool trains = cfg.train && !losses.empty();
   // Weights and optimizer states outlive programs, so one layout each serves
   // them all: a blocked one where every program would choose it.
-  std::vector<kern::Layout> held;
   {
+    const PlanOptions po{cfg.deterministic, cfg.blocked_layouts};
     std::vector<ProgramRequest> rqs;
-    if (trains) rqs.push_back(request({train_loss}, true));
-    if (!results.empty()) rqs.push_back(request(results, false));
-    if (!losses.empty()) rqs.push_back(request(all, false));
+    if (trains_) rqs.push_back(program_request(graph_, {train_loss_}, true));
+    if (!results_.empty()) rqs.push_back(program_request(graph_, results_, false));
+    if (!losses_.empty()) rqs.push_back(program_request(graph_, all_, false));
     std::vector<const ProgramRequest*> each;
     std::vector<std::vector<kern::Layout>> chosen;
     for (const ProgramRequest& rq : rqs) {
       each.push_back(&rq);
       chosen.push_back(program_layouts(graph_, rq, *backend_, SessionLayout{}, po));
     }
-    held = persistent_layouts(graph_, each, chosen);
+    held_ = persistent_layouts(graph_, each, chosen);
   }
-  // Every program over one layout of the persistent tensors; `paged`: the
-  // weights and optimizer states whose home is the host pool; `host_update`:
-  // the paged weights whose updates run there.
-  auto plan_all = [&](const std::vector<char>& paged, const std::vector<char>& host_update) {
-    layout_ = plan_session_layout(graph_, staged, align, paged);
-    layout_.layouts = held;
-    layout_.host_update = host_update;
-    if (train_loss != kNoTensor && train_loss != losses[0])
-      layout_.host_offset[static_cast<size_t>(train_loss)] =
-          layout_.host_offset[static_cast<size_t>(losses[0])];
-    ooc_ = OutOfCoreReport{};
-    for (auto& p : programs_) p.reset();
-    if (trains) plan(ProgramKind::train_step, {train_loss}, true);
-    if (!results.empty()) plan(ProgramKind::forward, results, false);
-    if (!losses.empty()) plan(ProgramKind::evaluate, all, false);
-
-    // One arena for the largest program; the memory report shows that one.
-    memory_ = layout_.persistent;
-    memory_.offsets.clear();
-    const CompiledProgram* largest = nullptr;
-    ProgramKind largest_kind = ProgramKind::train_step;
-    for (size_t i = 0; i < std::size(programs_); ++i)
-      if (const auto& p = programs_[i];
-          p && (!largest || p->schedule.arena_bytes > largest->schedule.arena_bytes)) {
-        largest = p.get();
-        largest_kind = static_cast<ProgramKind>(i);
-      }
-    memory_.peak = align_up(layout_.persistent.peak, align);
-    if (largest) {
-      memory_.peak = largest->schedule.arena_bytes;
-      memory_.live_peak += largest->schedule.transient.live_peak;
-      for (int r = 0; r < kNumRoles; ++r)
-        memory_.bytes_by_role[r] += largest->schedule.transient.bytes_by_role[r];
-    }
-    // Named: only the train step is planned out of core, so a forward or
-    // evaluate program that does not fit is a different problem.
-    if (budget_)
-      check_budget(memory_, budget_,
-                   largest ? fmt::format("the {} program", program_name(largest_kind))
-                           : std::string("the plan"));
-  };
-  // Weights and optimizer state stay on the device unless the step fits no
-  // other way, or (under `auto`) fits faster so (below). Then the optimizer
-  // state is paged (each is used once a step, by its update: one copy in and
-  // one out, as ZeRO-Offload keeps it on the host), and if that is not
-  // enough, the weights too; last (on a backend with host kernels), the
-  // updates run on the host where the weights and state live, so an update
-  // no longer needs its weight, gradient and state on the device at once.
-  // When no level fits, the error names the smallest budget any level's
-  // plans reached.
-  std::vector<char> paged, host_update;
-  const int top_level = backend_->host_kernels().empty() ? 2 : 3;
-  size_t in_core_arena = 0;  // level 0's: the step with everything on the device
-  double in_core_seconds = 0, in_core_doubt_0 = 0;  // level 0's in-core step
-  // Once a level fits with all its tensors paged: the fewest of them, largest
-  // first, that still fit (by bisection over how many; paging every
-  // optimizer state where a third would do copies three times the bytes each
-  // step). The fewest is not always the fastest (paging more leaves the
-  // activations more room), so seven counts evenly between it and all are
-  // planned too, and the simulator picks; ties go to fewer. (Three were too
-  // coarse once gradients could be swapped: GPT-2 774M on an 8 GB card
-  // predicted 1.59x with three, 1.38x with seven.) The plan kept is planned
-  // last. The search: choose_paging_count (runtime/plan/paging_search.h).
-  // At level 3 the same search runs over which weights' updates go to the
-  // host (largest first), everything else staying paged.
-  // The train step just planned, as a slowdown against level 0's in-core
-  // step: at the estimate, or the worse of that and under `doubt`.
-  auto slowdown_at_estimate = [&] {
-    return ooc_.predicted_seconds / std::max(in_core_seconds, 1e-12);
-  };
-  auto slowdown = [&] {
-    const double at_estimate = slowdown_at_estimate();
-    const Schedule* ts = schedule(ProgramKind::train_step);
-    if (!doubt || !ts) return at_estimate;
-    return std::max(at_estimate, simulate(*ts, *doubt).seconds / std::max(in_core_doubt_0, 1e-12));
-  };
-  // `below_short_by`: how many bytes the level below (every count of this
-  // level's tensors left at home) was short of the budget; 0 when it fitted,
-  // and then `to_beat` is its slowdown, which a count must beat to matter.
-  auto page_fewer = [&](int level, size_t below_short_by, double to_beat) {
-    const Role role = level == 1 ? Role::optimizer_state : Role::weight;
-    std::vector<char>& mask = level == 3 ? host_update : paged;
-    std::vector<TensorId> cand;
-    for (size_t t = 0; t < mask.size(); ++t)
-      if (mask[t] && graph_.tensor(static_cast<TensorId>(t)).role == role)
-        cand.push_back(static_cast<TensorId>(t));
-    std::stable_sort(cand.begin(), cand.end(), [&](TensorId a, TensorId b) {
-      return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
-    });
-    auto plan_first = [&](size_t k) {
-      std::vector<char> m = mask;
-      for (size_t i = k; i < cand.size(); ++i) m[static_cast<size_t>(cand[i])] = 0;
-      if (level == 3)
-        plan_all(paged, m);
-      else
-        plan_all(m, host_update);
-      return m;
-    };
-    PagingSearch search;
-    for (TensorId t : cand) search.bytes.push_back(graph_.tensor(t).bytes());
-    search.below_short_by = below_short_by;
-    search.to_beat = to_beat;
-    search.all_slowdown = slowdown();
-    search.pages_bytes = level < 3;
-    search.link_latency = profile_.link.latency;
-    search.link_bandwidth = profile_.link.h2d_bandwidth;
-    // Under `doubt` where there is one: slowdown() is at least that ratio.
-    search.in_core_seconds = doubt ? in_core_doubt_0 : in_core_seconds;
-    const PagingChoice choice =
-        choose_paging_count(search, [&](size_t k, bool timed) -> std::optional<double> {
-          try {
-            plan_first(k);
-          } catch (const Error& e) {
-            if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
-            return std::nullopt;
-          }
-          return timed ? slowdown() : 0.0;
-        });
-    mask = plan_first(choice.count);
-  };
-  // Paging more does not only rescue a step that fits no other way: a level
-  // that fits can still be slower than the next one (its activations
-  // swapped and recomputed where paged optimizer state would leave them
-  // room). Without this, more device memory could plan a slower step: a
-  // small ResNet-50 over a 1 GB/s link with 1 ms a copy predicted 0.064 s
-  // at 4.9 MB (optimizer state paged) and 0.323 s at 5 MB (nothing paged,
-  // 173 activations swapped). So under `auto`, while the fastest level
-  // found predicts a step more than kTryPagingAbove times the in-core one,
-  // the next level is planned too, and the fastest kept (ties go to paging
-  // less). Below that slowdown the copies paging adds leave little to win,
-  // and each level plans the step some 16 times more (ResNet-50 for a GTX
-  // 1650 at 1.04x: 66 ms of planning, 430 ms with the paging levels too).
-  // Only the first level is tried so: the paging decisions are made from
-  // the estimated profile and stay when a measured one replans the
-  // activations, so each level that is not needed to fit is a bet on that
-  // estimate (weights paged too, or updates on the host, which on the CPU
-  // backend share the cores the step runs on, which the simulator's separate
-  // host timeline does not see). The named strategies page only to fit.
-  // A bet wins only where it is faster both ways the step is judged: under
-  // `doubt` and at the estimate. Judged by the worse of the two alone, it
-  // paged ResNet-50 (64 px, a third of its activations, a 452 MB/s link) at
-  // 2.24x against 2.55x under doubt, though 1.051x against 1.008x at the
-  // estimate; measured, the step was 1.35x in core, pooch-greedy's without
-  // paging 1.20x (bench/ooc, 2026-12-05): compute ran 6 times the estimate,
-  // between the two, where paging lost.
-  constexpr double kTryPagingAbove = 1.10;
-  struct Fitted {
-    std::vector<char> paged, host_update;
-    double slowdown;     // slowdown() of its train step
-    double at_estimate;  // slowdown_at_estimate() of it
-    int level;
-  };
-  std::optional<Fitted> fastest;
-  std::optional<OutOfBudget> nearest;  // the level whose plans came nearest the budget
-  int level = 0;
-  const int last_level = std::min(top_level, cfg.max_paging);
-  // The masks of a level before page_fewer trims them: every optimizer
-  // state from level 1, every weight from level 2, their updates on the host
-  // at level 3.
-  auto level_masks = [&](int l) {
-    paged.assign(graph_.num_tensors(), 0);
-    host_update.assign(graph_.num_tensors(), 0);
-    for (size_t t = 0; t < paged.size(); ++t) {
-      const Role r = graph_.tensor(static_cast<TensorId>(t)).role;
-      paged[t] = r == Role::optimizer_state || (l >= 2 && r == Role::weight);
-      host_update[t] = l == 3 && r == Role::weight;
-    }
-  };
-  size_t below_short_by = 0;  // for page_fewer: the level below's shortfall, 0 if it fitted
-  const auto planning_start = std::chrono::steady_clock::now();
-  for (;; ++level) {
-    try {
-      plan_all(paged, host_update);
-      if (level == 0) {
-        in_core_arena = ooc_.in_core_arena;
-        in_core_seconds = ooc_.predicted_in_core;
-        in_core_doubt_0 = in_core_doubt;
-      }
-      if (level > 0)
-        page_fewer(level, below_short_by,
-                   below_short_by == 0 && fastest ? fastest->slowdown
-                                                  : std::numeric_limits<double>::infinity());
-      const double sd = slowdown(), est = slowdown_at_estimate();
-      if (!fastest || (sd < fastest->slowdown && est <= fastest->at_estimate))
-        fastest = Fitted{paged, host_update, sd, est, level};
-      // No bet either where the step at the estimate is within the
-      // paging-count tie of in core: a bet must not be slower there, so it
-      // could win by a tie at most (ResNet-50 at 64 pixels, a third of its
-      // activation memory, 1.008x: the bet's plans took 0.18 s for nothing).
-      if (level >= std::min(last_level, 1) || !budget_ || !trains ||
-          cfg.strategy != Strategy::automatic || fastest->slowdown <= kTryPagingAbove ||
-          fastest->at_estimate <= kPagingTie)
-        break;
-      below_short_by = 0;
-    } catch (const Error& e) {
-      if (level == 0) {
-        in_core_arena = ooc_.in_core_arena;
-        in_core_seconds = ooc_.predicted_in_core;
-        in_core_doubt_0 = in_core_doubt;
-      }
-      // A level that fitted stands when paging more does not fit.
-      if (fastest && e.code() == POOCH_ERR_OUT_OF_BUDGET) break;
-      // Paging helps the device, never the host pool: a plan that fitted the
-      // device but not the host cap stops here, with what it needs.
-      const bool host_only =
-          std::string_view(e.what()).find("host memory cap") != std::string_view::npos;
-      const auto* short_by = dynamic_cast<const OutOfBudget*>(&e);
-      if (e.code() != POOCH_ERR_OUT_OF_BUDGET || level >= last_level || !budget_ || !trains ||
-          cfg.strategy == Strategy::keep || host_only) {
-        // A level that pages more does not always need less (updates on the
-        // host keep more on the device when clipping makes every gradient
-        // wait for the norm): the error names the smallest budget of all.
-        if (short_by && nearest && nearest->needed_bytes() < short_by->needed_bytes())
-          throw with_kept(*nearest);
-        if (short_by) throw with_kept(*short_by);
-        throw;
-      }
-      if (short_by && (!nearest || short_by->needed_bytes() < nearest->needed_bytes()))
-        nearest = *short_by;
-      below_short_by =
-          short_by && short_by->needed_bytes() > budget_ ? short_by->needed_bytes() - budget_ : 1;
-    }
-    level_masks(level + 1);
-  }
-  // The plan kept is the one planned last.
-  if (fastest->level != level || fastest->paged != paged || fastest->host_update != host_update) {
-    paged = fastest->paged;
-    host_update = fastest->host_update;
-    plan_all(paged, host_update);
-  }
-  ooc_.judged_slowdown = slowdown();
-  if (fastest->level > 0) {
-    ooc_.in_core_arena = in_core_arena;
-    ooc_.predicted_in_core = in_core_seconds;
-  }
-  ooc_.planning_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - planning_start).count();
-  if (const Schedule* ts = schedule(ProgramKind::train_step); ts && ts->paged_bytes) {
-    ooc_.active = true;
-    ooc_.paged_bytes = ts->paged_bytes;
-    ooc_.paged_copy_bytes = ts->paged_in_bytes + ts->paged_out_bytes;
-    ooc_.host_updates = ts->host_updates;
-    ooc_.host_launches = ts->host_launches;
-    ooc_.host_update_copy_bytes = ts->host_update_copy_bytes;
-  }
-  size_t host_bytes = layout_.host.peak;
-  for (const auto& p : programs_)
-    if (p) host_bytes = std::max(host_bytes, p->schedule.host_bytes);
+  plan_paging(run);
+  const size_t align = backend_->caps().alignment;
+  size_t host_bytes = host_pool_needed();
   size_t arena_bytes = memory_.peak;
   if (ooc_.active && !cfg.machine) {
     // Out of core, the whole budget is the arena, and the host pool holds

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../backend/make_backend.h"
+#include "../core/error.h"
 #include "../core/optimizer.h"
 #include "../exec/executor.h"
 #include "../models/model.h"
@@ -205,6 +206,31 @@ class Session {
   kern::Layout held_layout(TensorId t) const;
   // Writes persistent tensor t from its plain bytes, into its layout.
   void store(TensorId t, const void* plain);
+
+  // Planning the programs (session_plan.cpp). What one planning judges by:
+  struct PlanningRun {
+    // The profile with compute Roofline::faster_by times faster than the
+    // estimate (the backend's doubt about it), or none.
+    std::optional<Profile> doubt;
+    double in_core_doubt = 0;  // the last in-core train step planned, under `doubt`
+    size_t host_cap = 0;       // the host pool the out-of-core search may use (0: any)
+  };
+  // Plans one standard program over layout_ into programs_, and for the
+  // train step the out-of-core search where the in-core step does not fit.
+  void plan_program(ProgramKind kind, const std::vector<TensorId>& wanted, bool training,
+                    PlanningRun& run);
+  // Every standard program over one layout of the persistent tensors:
+  // `paged`, the weights and optimizer states whose home is the host pool;
+  // `host_update`, the paged weights whose updates run there.
+  void plan_programs(const std::vector<char>& paged, const std::vector<char>& host_update,
+                     PlanningRun& run);
+  // Chooses what to page (the levels and counts) and plans every program
+  // with it, from profile_; fills ooc_.
+  void plan_paging(PlanningRun& run);
+  // The host pool the programs planned need (staging, homes, swap slots).
+  size_t host_pool_needed() const;
+  // `e` with the part of the budget the backend keeps counted in.
+  OutOfBudget with_kept(const OutOfBudget& e) const;
   std::shared_ptr<const Model> model_;
   SessionConfig cfg_;
   Graph graph_;
@@ -222,6 +248,16 @@ class Session {
   LinkModel unmeasured_link_;           // the link model before any measurement
   ProgramRequest train_request_;  // kept for planning again from a measured profile and reports
   size_t budget_ = 0;
+  size_t kept_by_backend_ = 0;  // of the device budget, by the backend (cuBLAS's workspace)
+  // What the standard programs compute: the tensors staged in the host
+  // pool, the losses, the other outputs, all outputs, what a train step
+  // returns as the loss.
+  std::vector<TensorId> staged_, losses_, results_, all_;
+  TensorId train_loss_ = kNoTensor;
+  bool trains_ = false;  // the session has a train step
+  // The layout each weight and optimizer state lies in, for every program.
+  std::vector<kern::Layout> held_;
+  std::vector<char> paged_, host_update_;  // the masks the programs are planned with
   size_t arena_taken_ = 0, host_taken_ = 0;
   int64_t rows_ = -1;  // rows of the last batch input set (-1: none yet: every row counts)
   std::atomic<bool> cancel_{false};
