@@ -37,14 +37,14 @@ SessionLayout plan_session_layout(const Graph& g, const std::vector<TensorId>& s
   SessionLayout l;
   l.alignment = alignment;
   const size_t n_t = g.num_tensors();
-  std::vector<BufferRequest> dev, host;
+  std::vector<BufferRequest> dev, homes, staging;
   std::vector<TensorId> dev_ids, host_ids;
   std::vector<TensorId> home_ids;
   for (size_t t = 0; t < n_t; ++t) {
     const TensorDesc& d = g.tensor(static_cast<TensorId>(t));
     if (!persistent(d)) continue;
     if (t < paged.size() && paged[t]) {
-      host.push_back({d.bytes(), 0, kLiveForever, d.role, -1, "home of " + d.name});
+      homes.push_back({d.bytes(), 0, kLiveForever, d.role, -1, "home of " + d.name});
       home_ids.push_back(static_cast<TensorId>(t));
       continue;
     }
@@ -54,20 +54,29 @@ SessionLayout plan_session_layout(const Graph& g, const std::vector<TensorId>& s
   for (TensorId t : staged) {
     if (std::find(host_ids.begin(), host_ids.end(), t) != host_ids.end()) continue;
     const TensorDesc& d = g.tensor(t);
-    host.push_back({d.bytes(), 0, kLiveForever, d.role, -1, "staging of " + d.name});
+    staging.push_back({d.bytes(), 0, kLiveForever, d.role, -1, "staging of " + d.name});
     host_ids.push_back(t);
   }
   l.persistent = plan_arena(dev, alignment);
-  l.host = plan_arena(host, alignment);
+  // The staging slots first, the homes after them: a staging slot's offset
+  // does not depend on what is paged, so a session that changes its paging
+  // (Session::repage_from_measured) keeps its inputs and outputs in place.
+  l.host = plan_arena(staging, alignment);
+  const ArenaPlan home_plan = plan_arena(homes, alignment);
+  const size_t home_base = home_ids.empty() ? 0 : align_up(l.host.peak, alignment);
+  for (size_t off : home_plan.offsets) l.host.offsets.push_back(home_base + off);
+  if (!home_ids.empty()) l.host.peak = home_base + home_plan.peak;
+  l.host.live_peak += home_plan.live_peak;
+  for (int r = 0; r < kNumRoles; ++r) l.host.bytes_by_role[r] += home_plan.bytes_by_role[r];
   l.device_offset.assign(n_t, kUnplaced);
   l.host_offset.assign(n_t, kUnplaced);
   l.home_offset.assign(n_t, kUnplaced);
   for (size_t i = 0; i < dev_ids.size(); ++i)
     l.device_offset[static_cast<size_t>(dev_ids[i])] = l.persistent.offsets[i];
-  for (size_t i = 0; i < home_ids.size(); ++i)  // the homes come first in the host plan
-    l.home_offset[static_cast<size_t>(home_ids[i])] = l.host.offsets[i];
   for (size_t i = 0; i < host_ids.size(); ++i)
-    l.host_offset[static_cast<size_t>(host_ids[i])] = l.host.offsets[home_ids.size() + i];
+    l.host_offset[static_cast<size_t>(host_ids[i])] = l.host.offsets[i];
+  for (size_t i = 0; i < home_ids.size(); ++i)
+    l.home_offset[static_cast<size_t>(home_ids[i])] = l.host.offsets[host_ids.size() + i];
   return l;
 }
 

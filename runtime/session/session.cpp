@@ -354,6 +354,11 @@ void Session::run_profiled_train_step() {
   measured_runs_.push_back(measured_profile(graph_, c->schedule, t, unmeasured_link_));
   profile_ = median_profile(measured_runs_);
   profile_measured_ = true;
+  // Once, after the measured steps: the paging too, from measured times.
+  if (ooc_.active && measured_runs_.size() >= kMeasuredSteps && !paging_replanned_) {
+    paging_replanned_ = true;
+    if (replan_paging(profile_)) return;
+  }
   if (ooc_.active) {
     const auto t0 = std::chrono::steady_clock::now();
     // A search over other times may find no plan in the arena taken (at the
@@ -385,12 +390,11 @@ int Session::compile(const std::vector<TensorId>& wanted, bool training, bool wi
   for (TensorId t : wanted)
     if (layout_.host_offset[static_cast<size_t>(t)] != kUnplaced) outs.push_back(t);
   p->outputs = outs;
-  ProgramRequest rq;
-  rq.nodes = select_nodes(graph_, wanted, with_updates);
-  rq.outputs = outs;
-  rq.training = training;
-  p->schedule =
-      plan_schedule(graph_, rq, *backend_, layout_, {cfg_.deterministic, cfg_.blocked_layouts});
+  p->request.nodes = select_nodes(graph_, wanted, with_updates);
+  p->request.outputs = outs;
+  p->request.training = training;
+  p->schedule = plan_schedule(graph_, p->request, *backend_, layout_,
+                              {cfg_.deterministic, cfg_.blocked_layouts});
   p->bound = exec().bind(p->schedule, ctx_.get());
   custom_.push_back(std::move(p));
   return static_cast<int>(custom_.size() - 1);

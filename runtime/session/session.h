@@ -89,6 +89,10 @@ struct OutOfCoreReport {
   // and the slowdown with compute Backend::Roofline::faster_by times faster
   // (10 on the CPU, 1/0.6 on CUDA).
   double judged_slowdown = 0;
+  // The paging was planned again from the measured profile and changed
+  // (Session::replan_paging): the weights and optimizer states moved.
+  bool repaged = false;
+  double repage_seconds = 0;  // that planning's wall time, with the move
   int plans_tried = 0;
   double plan_seconds = 0;  // wall time of the out-of-core search (the last one)
   // Wall time of all the session's planning: every paging level and count
@@ -101,6 +105,7 @@ struct CompiledProgram {
   Schedule schedule;
   BoundSchedule bound;
   std::vector<TensorId> outputs;  // what it copies back
+  ProgramRequest request;         // what it was planned from (planned again when paging changes)
 };
 
 class Session {
@@ -143,6 +148,18 @@ class Session {
   // measured times (the arena and host pool it took stay).
   void run_profiled_train_step();
   static constexpr size_t kProfileRuns = 5;
+  // Under `auto`, out of core: the paging search again (which weights and
+  // optimizer states live in the host pool, whose updates run there), and
+  // every program, from profile `p`, which becomes the session's (judged as
+  // measured: without the backend's doubt). Where it pages differently and
+  // fits the arena and host pool taken, every weight and optimizer state
+  // moves to where the new plan has it (through a plain copy of them all on
+  // the host) and every program, compiled ones too, is planned and bound
+  // again; the staged inputs and outputs stay where they are. Returns
+  // whether the paging changed; where it did not, nothing did. The last of
+  // the kMeasuredSteps measured steps calls it with the measured profile:
+  // paging chosen from the estimate alone bet on it.
+  bool replan_paging(const Profile& p);
   bool profile_measured() const { return profile_measured_; }
   // A program over any tensors of the graph (tests, tools): compiled now; it
   // must fit the arena the session took. Outputs must be staged tensors.
@@ -258,6 +275,7 @@ class Session {
   // The layout each weight and optimizer state lies in, for every program.
   std::vector<kern::Layout> held_;
   std::vector<char> paged_, host_update_;  // the masks the programs are planned with
+  bool paging_replanned_ = false;          // replan_paging ran after the measured steps
   size_t arena_taken_ = 0, host_taken_ = 0;
   int64_t rows_ = -1;  // rows of the last batch input set (-1: none yet: every row counts)
   std::atomic<bool> cancel_{false};

@@ -33,6 +33,7 @@ void Session::plan_program(ProgramKind kind, const std::vector<TensorId>& wanted
   p->outputs = wanted;
   ProgramRequest rq = program_request(graph_, wanted, training);
   p->schedule = plan_schedule(graph_, rq, *backend_, layout_, po);
+  p->request = rq;
   if (kind == ProgramKind::train_step) {
     ooc_.in_core_arena = p->schedule.arena_bytes;
     ooc_.predicted_in_core = simulate(p->schedule, profile_).seconds;
@@ -319,6 +320,79 @@ void Session::plan_paging(PlanningRun& run) {
     ooc_.host_launches = ts->host_launches;
     ooc_.host_update_copy_bytes = ts->host_update_copy_bytes;
   }
+}
+
+bool Session::replan_paging(const Profile& p) {
+  profile_ = p;
+  if (!exec_ || cfg_.machine || cfg_.strategy != Strategy::automatic || !ooc_.active || !trains_)
+    return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  // What runs now, to go back to.
+  SessionLayout layout = layout_;
+  ArenaPlan memory = memory_;
+  OutOfCoreReport ooc = ooc_;
+  ProgramRequest train_request = train_request_;
+  std::vector<char> paged = paged_, host_update = host_update_;
+  std::unique_ptr<CompiledProgram> programs[kNumPrograms];
+  for (int i = 0; i < kNumPrograms; ++i) programs[i] = std::move(programs_[i]);
+  auto restore = [&] {
+    layout_ = std::move(layout);
+    memory_ = std::move(memory);
+    ooc_ = std::move(ooc);
+    train_request_ = std::move(train_request);
+    paged_ = std::move(paged);
+    host_update_ = std::move(host_update);
+    for (int i = 0; i < kNumPrograms; ++i) programs_[i] = std::move(programs[i]);
+  };
+  const PlanOptions po{cfg_.deterministic, cfg_.blocked_layouts};
+  std::vector<Schedule> custom;  // the compiled programs over the new layout
+  try {
+    PlanningRun run;  // measured: no doubt
+    run.host_cap = exec().host_bytes();
+    plan_paging(run);
+    if ((paged_ == paged && host_update_ == host_update) || memory_.peak > exec().arena_bytes() ||
+        host_pool_needed() > exec().host_bytes()) {
+      restore();
+      return false;
+    }
+    for (const auto& c : custom_)
+      custom.push_back(plan_schedule(graph_, c->request, *backend_, layout_, po));
+  } catch (const Error& e) {
+    // A plan that no longer fits the arena taken (at the smallest budget,
+    // under other times) leaves the one that runs.
+    restore();
+    if (e.code() == POOCH_ERR_OUT_OF_BUDGET) return false;
+    throw;
+  }
+  // Every weight and optimizer state, plain, from where the old layout has
+  // it; then into the new one.
+  std::swap(layout_, layout);
+  std::vector<std::vector<std::byte>> values(graph_.num_tensors());
+  for (size_t t = 0; t < values.size(); ++t) {
+    const TensorDesc& d = graph_.tensor(static_cast<TensorId>(t));
+    if (d.role != Role::weight && d.role != Role::optimizer_state) continue;
+    values[t].resize(d.bytes());
+    read_tensor_to(static_cast<TensorId>(t), values[t].data());
+  }
+  std::swap(layout_, layout);
+  for (auto& c : programs_)
+    if (c) c->bound = exec().bind(c->schedule, ctx_.get());
+  for (size_t i = 0; i < custom_.size(); ++i) {
+    custom_[i]->schedule = std::move(custom[i]);
+    custom_[i]->bound = exec().bind(custom_[i]->schedule, ctx_.get());
+  }
+  for (size_t t = 0; t < values.size(); ++t)
+    if (!values[t].empty()) {
+      store(static_cast<TensorId>(t), values[t].data());
+      std::vector<std::byte>().swap(values[t]);
+    }
+  // The report: the new plan's, with what the session judged at creation.
+  ooc_.judged_slowdown = ooc.judged_slowdown;
+  ooc_.planning_seconds = ooc.planning_seconds;
+  ooc_.repaged = true;
+  ooc_.repage_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return true;
 }
 
 }  // namespace pooch

@@ -423,6 +423,61 @@ TEST(OutOfCore, AutoDoesNotBetOnPagingThatIsSlowerAtTheEstimate) {
   EXPECT_LE(s.memory_plan().peak, oc.device_memory);
 }
 
+// The paging chosen at creation is planned again from another profile
+// (after the measured steps, the measured one): where it changes, every
+// weight and optimizer state moves to its new home and training goes on
+// with the bits of in-core training, in the arena and host pool taken, the
+// staged inputs where they were. Here the bottleneck ResNet over a slow link
+// at two thirds of its arena pages by bet at the estimate (as in
+// AutoPagesWhereThatPlansAFasterStep); with compute a thousand times slower
+// every copy hides behind it and nothing is worth paging, and back.
+TEST(OutOfCore, ReplanningThePagingMovesTheTensorsAndTrainsBitForBit) {
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 1;
+  Session in_core(build_model(resnet_spec(50)), cfg);
+  const auto expect = train(in_core, 9);
+  SessionConfig oc = slow_link_plans(0.8);
+  oc.plan_only = false;
+  oc.strategy = Strategy::automatic;
+  Session s(build_model(resnet_spec(50)), oc);
+  const Profile estimate = s.profile();
+  ASSERT_TRUE(s.out_of_core().active);
+  ASSERT_GT(s.out_of_core().paged_bytes, 0u);
+  Profile slow_compute = estimate;
+  for (std::vector<double>* v :
+       {&slow_compute.node_seconds, &slow_compute.replay_seconds, &slow_compute.host_node_seconds})
+    for (double& t : *v) t *= 1000;
+  auto steps = [&](int from, int to) {
+    for (int k = from; k < to; ++k) {
+      fill_inputs(s, k);
+      s.run(ProgramKind::train_step);
+    }
+  };
+  const IoTensor& input = s.model().inputs.front();
+  const void* staged_input = s.input_buffer(input.name, -1);
+  steps(0, 3);  // measured: the third may replan the paging itself
+  s.replan_paging(estimate);
+  EXPECT_GT(s.out_of_core().paged_bytes, 0u);
+  steps(3, 5);
+  EXPECT_TRUE(s.replan_paging(slow_compute));
+  EXPECT_TRUE(s.out_of_core().repaged);
+  EXPECT_EQ(s.out_of_core().paged_bytes, 0u);
+  EXPECT_FALSE(s.replan_paging(slow_compute)) << "the same paging again changes nothing";
+  steps(5, 7);
+  EXPECT_TRUE(s.replan_paging(estimate));
+  EXPECT_GT(s.out_of_core().paged_bytes, 0u);
+  EXPECT_EQ(s.input_buffer(input.name, -1), staged_input);
+  EXPECT_LE(s.memory_plan().peak, oc.device_memory);
+  EXPECT_LE(s.backend().memory_info().arena_bytes, oc.device_memory);
+  for (ProgramKind k : {ProgramKind::train_step, ProgramKind::forward, ProgramKind::evaluate})
+    if (const Schedule* sc = s.schedule(k)) {
+      EXPECT_LE(sc->host_bytes, s.host_pool_bytes());
+    }
+  steps(7, 9);
+  EXPECT_EQ(train(s, 0), expect) << "weights differ from in-core training";
+}
+
 // Gradient clipping makes every update wait for every gradient (the norm
 // is over all of them): a plan that swaps and recomputes still trains the
 // same bits, within the budget, and the clipping does change the result.
