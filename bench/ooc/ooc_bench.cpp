@@ -341,6 +341,7 @@ int main(int argc, char** argv) {
           std::unique_ptr<Session> session;
           double predicted = 0;
           std::vector<double> seconds;
+          size_t paged_at_creation = 0;  // before the measured steps (which may replan it)
         };
         std::vector<Run> runs;
         const std::string budget_name = fmt::format("{}1/{:.0f}", activations ? "a" : "", 1 / keep);
@@ -357,6 +358,7 @@ int main(int argc, char** argv) {
           }
           try {
             auto s = std::make_unique<Session>(build_model(b.spec), oc);
+            const size_t paged_at_creation = s->out_of_core().paged_bytes;
             fill_inputs(*s, 0);
             // Measures, then plans again from the measurement: three times,
             // so that the profile is each node's median over three steps
@@ -365,7 +367,7 @@ int main(int argc, char** argv) {
             for (int k = 0; k < kProfiledSteps; ++k) s->run_profiled_train_step();
             s->run(ProgramKind::train_step);  // warm: the plan just made runs once untimed
             const double predicted = s->out_of_core().predicted_seconds;
-            runs.push_back({st, std::move(s), predicted, {}});
+            runs.push_back({st, std::move(s), predicted, {}, paged_at_creation});
           } catch (const Error& e) {
             fmt::print("{:<16} {:>9} does not fit: {}\n", strategy_name(st), budget_name, e.what());
           }
@@ -426,6 +428,12 @@ int main(int argc, char** argv) {
               "", budget_name, median(per_round), quantile(per_round, 0.25),
               quantile(per_round, 0.75), faster, per_round.size(),
               strategy_name(automatic->session->out_of_core().strategy));
+          if (const OutOfCoreReport& r = automatic->session->out_of_core(); r.repaged)
+            fmt::print(
+                "{:<16} {:>7} auto's paging was planned again from the measured steps: {:.1f} MiB "
+                "paged, {:.1f} MiB at creation ({:.1f} ms)\n",
+                "", budget_name, r.paged_bytes / 1048576.0,
+                automatic->paged_at_creation / 1048576.0, r.repage_seconds * 1e3);
         }
       }
       const double again = time_steps(in_core, steps);

@@ -153,9 +153,10 @@ class Session {
   // every program, from profile `p`, which becomes the session's (judged as
   // measured: without the backend's doubt). Where it pages differently and
   // fits the arena and host pool taken, every weight and optimizer state
-  // moves to where the new plan has it (through a plain copy of them all on
-  // the host) and every program, compiled ones too, is planned and bound
-  // again; the staged inputs and outputs stay where they are. Returns
+  // whose place changes moves there (through the host: each crosses the
+  // link once each way, as it lies, in a buffer of them all) and every
+  // program, compiled ones too, is planned and bound again; the staged
+  // inputs and outputs stay where they are. Returns
   // whether the paging changed; where it did not, nothing did. The last of
   // the kMeasuredSteps measured steps calls it with the measured profile:
   // paging chosen from the estimate alone bet on it.

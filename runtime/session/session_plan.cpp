@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
@@ -364,28 +367,47 @@ bool Session::replan_paging(const Profile& p) {
     if (e.code() == POOCH_ERR_OUT_OF_BUDGET) return false;
     throw;
   }
-  // Every weight and optimizer state, plain, from where the old layout has
-  // it; then into the new one.
-  std::swap(layout_, layout);
-  std::vector<std::vector<std::byte>> values(graph_.num_tensors());
-  for (size_t t = 0; t < values.size(); ++t) {
+  // Every weight and optimizer state that moves, as it lies (each keeps its
+  // layout), from where the old layout has it; then into the new one. One
+  // that stays where it was overlaps no new place (the new places do not
+  // overlap each other), so it is not copied.
+  auto place = [](const SessionLayout& l, size_t t) {
+    return l.paged(static_cast<TensorId>(t)) ? std::pair{true, l.home_offset[t]}
+                                             : std::pair{false, l.device_offset[t]};
+  };
+  std::vector<size_t> at(graph_.num_tensors(), kUnplaced);  // in `moving`, where it moves
+  size_t moving_bytes = 0;
+  for (size_t t = 0; t < at.size(); ++t) {
     const TensorDesc& d = graph_.tensor(static_cast<TensorId>(t));
-    if (d.role != Role::weight && d.role != Role::optimizer_state) continue;
-    values[t].resize(d.bytes());
-    read_tensor_to(static_cast<TensorId>(t), values[t].data());
+    if ((d.role == Role::weight || d.role == Role::optimizer_state) &&
+        place(layout, t) != place(layout_, t)) {
+      at[t] = moving_bytes;
+      moving_bytes += d.bytes();
+    }
   }
-  std::swap(layout_, layout);
+  const std::unique_ptr<std::byte[]> moving(new std::byte[moving_bytes]);
+  for (size_t t = 0; t < at.size(); ++t) {
+    if (at[t] == kUnplaced) continue;
+    const size_t bytes = graph_.tensor(static_cast<TensorId>(t)).bytes();
+    if (const auto [home, off] = place(layout, t); home)
+      std::memcpy(moving.get() + at[t], exec().host_pool() + off, bytes);
+    else
+      exec().read(off, moving.get() + at[t], bytes);
+  }
   for (auto& c : programs_)
     if (c) c->bound = exec().bind(c->schedule, ctx_.get());
   for (size_t i = 0; i < custom_.size(); ++i) {
     custom_[i]->schedule = std::move(custom[i]);
     custom_[i]->bound = exec().bind(custom_[i]->schedule, ctx_.get());
   }
-  for (size_t t = 0; t < values.size(); ++t)
-    if (!values[t].empty()) {
-      store(static_cast<TensorId>(t), values[t].data());
-      std::vector<std::byte>().swap(values[t]);
-    }
+  for (size_t t = 0; t < at.size(); ++t) {
+    if (at[t] == kUnplaced) continue;
+    const size_t bytes = graph_.tensor(static_cast<TensorId>(t)).bytes();
+    if (const auto [home, off] = place(layout_, t); home)
+      std::memcpy(exec().host_pool() + off, moving.get() + at[t], bytes);
+    else
+      exec().write(off, moving.get() + at[t], bytes);
+  }
   // The report: the new plan's, with what the session judged at creation.
   ooc_.judged_slowdown = ooc.judged_slowdown;
   ooc_.planning_seconds = ooc.planning_seconds;
