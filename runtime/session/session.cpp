@@ -120,9 +120,10 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
     profile_ = estimate_profile(graph_, r.flops_per_second, r.bytes_per_second, link);
     faster_by = r.faster_by;
   }
-  // The paging decisions are made from this profile and stay when a
-  // measured profile replans the activations, so where the profile is only
-  // the backend's nominal estimate they are judged by the worse of two slowdowns against in core:
+  // The paging decisions are made from this profile and stand until the
+  // measured steps (replan_paging, under `auto`; the named strategies keep
+  // them), so where the profile is only the backend's nominal estimate they
+  // are judged by the worse of two slowdowns against in core:
   // at the estimate, and with compute Roofline::faster_by times faster than
   // it (the CPU's 20 GFLOP/s placeholder is 8 times slow on the 2-core
   // development machine; a GPU's nominal roofline is 60% of its peak).

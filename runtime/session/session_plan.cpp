@@ -210,10 +210,10 @@ void Session::plan_paging(PlanningRun& run) {
   // less). Below that slowdown the copies paging adds leave little to win,
   // and each level plans the step some 16 times more (ResNet-50 for a GTX
   // 1650 at 1.04x: 66 ms of planning, 430 ms with the paging levels too).
-  // Only the first level is tried so: the paging decisions are made from
-  // the estimated profile and stay when a measured one replans the
-  // activations, so each level that is not needed to fit is a bet on that
-  // estimate (weights paged too, or updates on the host, which on the CPU
+  // Only the first level is tried so: at creation the paging decisions are
+  // made from the estimated profile and stand until the measured steps
+  // (replan_paging), so each level that is not needed to fit is a bet on
+  // that estimate (weights paged too, or updates on the host, which on the CPU
   // backend share the cores the step runs on, which the simulator's separate
   // host timeline does not see). The named strategies page only to fit.
   // A bet wins only where it is faster both ways the step is judged: under
