@@ -501,7 +501,9 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"host_update_copy_bytes", sc.host_update_copy_bytes},
            {"plans_tried", r.plans_tried},
            {"plan_seconds", r.plan_seconds},
-           {"planning_seconds", r.planning_seconds}};
+           {"planning_seconds", r.planning_seconds},
+           {"repaged", r.repaged},
+           {"repage_seconds", r.repage_seconds}};
   if (const pooch::Machine* m = ss.machine()) {
     doc["machine"] = {{"name", m->name},
                       {"file", m->file},

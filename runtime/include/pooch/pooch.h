@@ -320,7 +320,9 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
  * "plan_seconds" (the out-of-core search's wall time), "paged_bytes" (weights
  * and optimizer state whose home is the host pool), "paged_copy_bytes" (what
  * a step copies for them, both ways); "paged": each paged tensor as {"name",
- * "bytes", "role"};
+ * "bytes", "role"}; "repaged" (under auto, the measured steps changed what
+ * is paged and moved the tensors) and "repage_seconds" (that planning and
+ * the move);
  * "activations": every activation saved for the backward pass as {"name",
  * "bytes", "decision" ("keep", "swap", "recompute"), "producer",
  * "last_forward", "first_backward" (positions in the program),
