@@ -15,13 +15,16 @@
 // compute as they would there.
 //
 //   pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning] [--cnn]
-//                   [--activations] [--only NAME] [--device cpu|cuda]
+//                   [--activations] [--only NAME] [--repaging] [--device cpu|cuda]
 //
 // --device cuda: the same tables on a GPU (tests/device/run.sh), over the
 // card's own link: no emulation, no scaling. The planning table stays the
 // CPU's.
 // --planning: only the planning-time table (plan-only sessions).
 // --only NAME: one benchmark model of the table (e.g. vgg16-64px with --cnn).
+// --repaging: also `auto` with the paging it chose at creation kept
+// (SessionConfig::replan_paging off), as "auto-no-repage", compared with
+// `auto` round by round.
 // --cnn: PoocH's own workloads instead, ResNet-50 and VGG-16 (small images
 // so that a step takes seconds on a CPU).
 // --activations: budgets that take 1/2, 2/3 and 4/5 of the saved
@@ -231,7 +234,7 @@ void planning_table(int threads) {
 
 int main(int argc, char** argv) {
   int steps = 7, threads = 2;
-  bool quick = false, planning_only = false, cnns = false, activations = false;
+  bool quick = false, planning_only = false, cnns = false, activations = false, repaging = false;
   std::string only;  // --only NAME: that benchmark model alone
   DeviceKind device = DeviceKind::cpu;
   for (int i = 1; i < argc; ++i) {
@@ -250,13 +253,15 @@ int main(int argc, char** argv) {
       activations = true;
     else if (a == "--only" && i + 1 < argc)
       only = argv[++i];
+    else if (a == "--repaging")
+      repaging = true;
     else if (a == "--device" && i + 1 < argc &&
              (argv[i + 1] == std::string("cpu") || argv[i + 1] == std::string("cuda")))
       device = parse_device_kind(argv[++i]);
     else {
       fmt::print(stderr,
                  "usage: pooch-bench-ooc [--steps N] [--threads T] [--quick] [--planning] "
-                 "[--cnn] [--activations] [--only NAME] [--device cpu|cuda]\n");
+                 "[--cnn] [--activations] [--only NAME] [--repaging] [--device cpu|cuda]\n");
       return 2;
     }
   }
@@ -338,6 +343,7 @@ int main(int argc, char** argv) {
         // decide which of two close plans measured faster.
         struct Run {
           Strategy strategy;
+          bool replan_paging = true;  // false: auto-no-repage
           std::unique_ptr<Session> session;
           double predicted = 0;
           std::vector<double> seconds;
@@ -345,10 +351,16 @@ int main(int argc, char** argv) {
         };
         std::vector<Run> runs;
         const std::string budget_name = fmt::format("{}1/{:.0f}", activations ? "a" : "", 1 / keep);
-        for (Strategy st : {Strategy::swap_all, Strategy::recompute_all, Strategy::checkpoint_sqrt,
-                            Strategy::pooch_greedy, Strategy::automatic}) {
+        std::vector<std::pair<Strategy, bool>> plans = {{Strategy::swap_all, true},
+                                                        {Strategy::recompute_all, true},
+                                                        {Strategy::checkpoint_sqrt, true},
+                                                        {Strategy::pooch_greedy, true},
+                                                        {Strategy::automatic, true}};
+        if (repaging) plans.push_back({Strategy::automatic, false});
+        for (const auto& [st, replan] : plans) {
           SessionConfig oc = base;
           oc.strategy = st;
+          oc.replan_paging = replan;
           oc.device_memory =
               activations ? arena - static_cast<size_t>(static_cast<double>(saved) * (1 - keep))
                           : static_cast<size_t>(static_cast<double>(arena) * keep);
@@ -367,9 +379,10 @@ int main(int argc, char** argv) {
             for (int k = 0; k < kProfiledSteps; ++k) s->run_profiled_train_step();
             s->run(ProgramKind::train_step);  // warm: the plan just made runs once untimed
             const double predicted = s->out_of_core().predicted_seconds;
-            runs.push_back({st, std::move(s), predicted, {}, paged_at_creation});
+            runs.push_back({st, replan, std::move(s), predicted, {}, paged_at_creation});
           } catch (const Error& e) {
-            fmt::print("{:<16} {:>9} does not fit: {}\n", strategy_name(st), budget_name, e.what());
+            fmt::print("{:<16} {:>9} does not fit: {}\n",
+                       replan ? strategy_name(st) : "auto-no-repage", budget_name, e.what());
           }
         }
         // Each round starts one session further on, so that no session
@@ -399,41 +412,52 @@ int main(int argc, char** argv) {
           fmt::print(
               "{:<16} {:>7} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f}ms {:>7.2f}x {:>8.1f}% "
               "{:>8.1f}\n",
-              strategy_name(run.strategy), budget_name, run.session->memory_plan().peak / 1048576.0,
-              r.swapped_bytes / 1048576.0, r.recomputed_bytes / 1048576.0,
-              r.paged_bytes / 1048576.0, t * 1e3, t / t_round, (run.predicted - t) / t * 100,
-              r.planning_seconds * 1e3);
+              run.replan_paging ? strategy_name(run.strategy) : "auto-no-repage", budget_name,
+              run.session->memory_plan().peak / 1048576.0, r.swapped_bytes / 1048576.0,
+              r.recomputed_bytes / 1048576.0, r.paged_bytes / 1048576.0, t * 1e3, t / t_round,
+              (run.predicted - t) / t * 100, r.planning_seconds * 1e3);
         }
         fmt::print("{:<16} {:>7} in-core step in the same rounds: {:.1f} ms (the ratios' base)\n",
                    "", budget_name, t_round * 1e3);
-        // auto against pooch-greedy round by round (their steps in a round
-        // are a few seconds apart): whether auto is faster, or the two only
-        // differ by the machine's drift.
+        // auto against pooch-greedy (and against itself without
+        // re-paging) round by round (their steps in a round are a few
+        // seconds apart): whether auto is faster, or the two only differ by
+        // the machine's drift.
         const Run* greedy = nullptr;
         const Run* automatic = nullptr;
+        const Run* no_repage = nullptr;
         for (const Run& run : runs) {
           if (run.strategy == Strategy::pooch_greedy) greedy = &run;
-          if (run.strategy == Strategy::automatic) automatic = &run;
+          if (run.strategy == Strategy::automatic)
+            (run.replan_paging ? automatic : no_repage) = &run;
         }
-        if (greedy && automatic) {
+        auto round_by_round = [&](const Run& other, const char* name) {
           std::vector<double> per_round;
           int faster = 0;
-          for (size_t k = 0; k < greedy->seconds.size(); ++k) {
-            per_round.push_back(automatic->seconds[k] / greedy->seconds[k]);
-            faster += automatic->seconds[k] < greedy->seconds[k];
+          for (size_t k = 0; k < other.seconds.size(); ++k) {
+            per_round.push_back(automatic->seconds[k] / other.seconds[k]);
+            faster += automatic->seconds[k] < other.seconds[k];
           }
           fmt::print(
-              "{:<16} {:>7} auto / pooch-greedy round by round: median {:.3f} (quartiles "
-              "{:.3f}-{:.3f}), auto faster in {} of {} rounds; auto's plan started from {}\n",
-              "", budget_name, median(per_round), quantile(per_round, 0.25),
-              quantile(per_round, 0.75), faster, per_round.size(),
-              strategy_name(automatic->session->out_of_core().strategy));
+              "{:<16} {:>7} auto / {} round by round: median {:.3f} (quartiles {:.3f}-{:.3f}), "
+              "auto faster in {} of {} rounds",
+              "", budget_name, name, median(per_round), quantile(per_round, 0.25),
+              quantile(per_round, 0.75), faster, per_round.size());
+        };
+        if (greedy && automatic) {
+          round_by_round(*greedy, "pooch-greedy");
+          fmt::print("; auto's plan started from {}\n",
+                     strategy_name(automatic->session->out_of_core().strategy));
           if (const OutOfCoreReport& r = automatic->session->out_of_core(); r.repaged)
             fmt::print(
                 "{:<16} {:>7} auto's paging was planned again from the measured steps: {:.1f} MiB "
                 "paged, {:.1f} MiB at creation ({:.1f} ms)\n",
                 "", budget_name, r.paged_bytes / 1048576.0,
                 automatic->paged_at_creation / 1048576.0, r.repage_seconds * 1e3);
+        }
+        if (no_repage && automatic) {
+          round_by_round(*no_repage, "auto-no-repage");
+          fmt::print("\n");
         }
       }
       const double again = time_steps(in_core, steps);

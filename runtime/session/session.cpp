@@ -356,7 +356,8 @@ void Session::run_profiled_train_step() {
   profile_ = median_profile(measured_runs_);
   profile_measured_ = true;
   // Once, after the measured steps: the paging too, from measured times.
-  if (ooc_.active && measured_runs_.size() >= kMeasuredSteps && !paging_replanned_) {
+  if (ooc_.active && cfg_.replan_paging && measured_runs_.size() >= kMeasuredSteps &&
+      !paging_replanned_) {
     paging_replanned_ = true;
     if (replan_paging(profile_)) return;
   }

@@ -60,6 +60,11 @@ struct SessionConfig {
   // weights too, 3 and their updates run on the host (on a backend with
   // host kernels).
   int max_paging = 3;
+  // Under `auto`, out of core: plan the paging again from the measured
+  // steps, moving the weights and optimizer states where it changes
+  // (Session::replan_paging). false: the paging chosen at creation stays
+  // (bench/ooc --repaging measures the difference).
+  bool replan_paging = true;
   // false: every weight and optimizer state starts as zeros instead of from
   // its initialiser, for a caller that writes them all before the first run
   // (the generator's decoder, whose weights come from a session or a file:
