@@ -346,7 +346,9 @@ POOCH_API pooch_status pooch_session_plan_json(const pooch_session* s, char** js
  * optimizer state are updated) on the inputs set last, a launch at a time,
  * each launch and copy timed on the device's clock (CUDA events; the CPU
  * backend's stream threads' clock); the step is then planned again from the
- * measured times (pooch_session_plan_json shows the new plan). Each call adds
+ * measured times (pooch_session_plan_json shows the new plan; under auto,
+ * after the third measured step, the paging of weights and optimizer state
+ * too: "repaged"). Each call adds
  * a run: the times are each op's median over the last 5 calls, so calling it
  * several times steadies the profile. Returns JSON
  * (free with pooch_string_free): "seconds" (the launches' sum), "step" (the
