@@ -428,16 +428,18 @@ TEST(OutOfCore, AutoDoesNotBetOnPagingThatIsSlowerAtTheEstimate) {
 // weight and optimizer state moves to its new home and training goes on
 // with the bits of in-core training, in the arena and host pool taken, the
 // staged inputs where they were. Here the bottleneck ResNet over a slow link
-// at two thirds of its arena pages by bet at the estimate (as in
-// AutoPagesWhereThatPlansAFasterStep); with compute a thousand times slower
-// every copy hides behind it and nothing is worth paging, and back.
+// at 70% of its arena pages by bet at the estimate (as in
+// AutoPagesWhereThatPlansAFasterStep: 1.80x in core against 11.9x with
+// nothing paged); with compute a thousand times slower every copy hides
+// behind it and nothing is worth paging (1.00x), and back. (At two thirds,
+// no plan with nothing paged fits under that profile.)
 TEST(OutOfCore, ReplanningThePagingMovesTheTensorsAndTrainsBitForBit) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 1;
   Session in_core(build_model(resnet_spec(50)), cfg);
   const auto expect = train(in_core, 9);
-  SessionConfig oc = slow_link_plans(0.8);
+  SessionConfig oc = slow_link_plans(0.7);
   oc.plan_only = false;
   oc.strategy = Strategy::automatic;
   Session s(build_model(resnet_spec(50)), oc);
