@@ -358,6 +358,26 @@ bool Session::replan_paging(const Profile& p) {
       restore();
       return false;
     }
+    // Worth a move only where the new step is faster, by more than a tie,
+    // than the paging that runs planned at the same profile (or, where that
+    // finds no plan in the arena taken, than the plan that runs, which fits).
+    const std::vector<char> new_paged = paged_, new_host_update = host_update_;
+    const OutOfCoreReport new_report = ooc_;  // with level 0's in-core step, the paged bytes
+    const double new_seconds = ooc_.predicted_seconds;
+    double now_seconds =
+        simulate(programs[static_cast<int>(ProgramKind::train_step)]->schedule, profile_).seconds;
+    try {
+      plan_programs(paged, host_update, run);
+      now_seconds = ooc_.predicted_seconds;
+    } catch (const Error& e) {
+      if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
+    }
+    if (new_seconds * kPagingTie > now_seconds) {
+      restore();
+      return false;
+    }
+    plan_programs(new_paged, new_host_update, run);  // the same plans again
+    ooc_ = new_report;
     for (const auto& c : custom_)
       custom.push_back(plan_schedule(graph_, c->request, *backend_, layout_, po));
   } catch (const Error& e) {
