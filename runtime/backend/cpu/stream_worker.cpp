@@ -35,9 +35,11 @@ bool EventState::completed_at(std::chrono::steady_clock::time_point& when) {
   return true;
 }
 
-void EventState::wait(uint64_t n) {
+std::optional<std::chrono::steady_clock::time_point> EventState::wait(uint64_t n) {
   std::unique_lock lock(mu_);
+  if (completed_ >= n) return std::nullopt;
   cv_.wait(lock, [&] { return completed_ >= n; });
+  return completed_at_;
 }
 
 StreamWorker::StreamWorker(const char* name, size_t capacity)
@@ -98,6 +100,7 @@ void StreamWorker::run() {
     bool skip = false;
     {
       std::unique_lock lock(mu_);
+      if (count_ == 0) link_busy_ = false;  // the link idles until the next copy comes
       not_empty_.wait(lock, [&] { return count_ > 0 || stopping_; });
       if (count_ == 0) return;  // stopping and drained
       t = ring_[head_];
@@ -125,22 +128,38 @@ void StreamWorker::execute(const Task& t) {
     switch (t.kind) {
       case Task::Kind::kernel:
         t.fn(*t.args);
+        link_busy_ = false;
         break;
       case Task::Kind::copy: {
-        const auto start = std::chrono::steady_clock::now();
+        using Clock = std::chrono::steady_clock;
+        const Clock::time_point now = Clock::now();
+        const Clock::time_point start = link_busy_ ? std::min(link_free_, now) : now;
         if (t.n != 0) std::memcpy(t.dst, t.src, t.n);
-        // The emulated link sleeps (never spins) for the rest of the copy's time.
-        if (t.link_seconds > 0)
-          std::this_thread::sleep_until(start +
-                                        std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            std::chrono::duration<double>(t.link_seconds)));
+        if (t.link_seconds <= 0) {
+          link_busy_ = false;  // not over the link: it idled meanwhile
+          break;
+        }
+        // The emulated link sleeps (never spins) for the rest of the copy's
+        // time, and is free again when the copy would end, however late this
+        // thread wakes (or when the memcpy ends, where it took longer).
+        const Clock::time_point end = start + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                  std::chrono::duration<double>(t.link_seconds));
+        const Clock::time_point copied = Clock::now();
+        if (copied < end) std::this_thread::sleep_until(end);
+        link_free_ = std::max(end, copied);
+        link_busy_ = true;
         break;
       }
       case Task::Kind::record:
         t.event->complete(t.count);
         break;
       case Task::Kind::wait:
-        t.event->wait(t.count);
+        // A copy behind a wait that blocked could start when the event
+        // completed, not when this thread woke to it.
+        if (const auto completed = t.event->wait(t.count)) {
+          link_free_ = link_busy_ ? std::max(link_free_, *completed) : *completed;
+          link_busy_ = true;
+        }
         break;
     }
   } catch (const Error& e) {

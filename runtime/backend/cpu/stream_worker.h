@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,7 +29,9 @@ class EventState {
   uint64_t recorded() const { return recorded_; }
 
   void complete(uint64_t n);
-  void wait(uint64_t n);
+  // Returns when the record completed where the wait had to block for it,
+  // nothing where it had already completed.
+  std::optional<std::chrono::steady_clock::time_point> wait(uint64_t n);
   // When the latest record completed (the stream thread's clock reading as it
   // reached it); false while it has not.
   bool completed_at(std::chrono::steady_clock::time_point& when);
@@ -98,6 +101,16 @@ class StreamWorker {
   bool failed_ = false;
   pooch_status error_code_ = POOCH_OK;
   std::string error_message_;
+
+  // The emulated link, as a copy engine's queue: a copy that follows another
+  // (or a wait that blocked) with no break starts when the link became free,
+  // not when this thread woke. A real link moves back-to-back copies without
+  // the host's help; this thread's wake-ups beside kernel threads that take
+  // every core came late (57-87 us a sleep on average in bench/ooc's VGG-16
+  // runs, on a link emulated at 68 us a copy), and each late wake-up delayed
+  // every copy queued behind it. Touched by the worker thread only.
+  bool link_busy_ = false;  // copies ran without a break up to link_free_
+  std::chrono::steady_clock::time_point link_free_{};
 
   std::mutex mu_;
   std::condition_variable not_empty_;
