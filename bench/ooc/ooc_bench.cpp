@@ -448,6 +448,19 @@ int main(int argc, char** argv) {
           round_by_round(*greedy, "pooch-greedy");
           fmt::print("; auto's plan started from {}\n",
                      strategy_name(automatic->session->out_of_core().strategy));
+          // Each plan simulated under the other session's measured profile
+          // too: where auto measures slower, whether its plan is slower at
+          // the same times (the search's fault) or the two sessions measured
+          // different times (the profiles' noise chose the plans).
+          const Session& a = *automatic->session;
+          const Session& p = *greedy->session;
+          auto sim_ms = [](const Session& plan, const Session& times) {
+            return simulate(*plan.schedule(ProgramKind::train_step), times.profile()).seconds * 1e3;
+          };
+          fmt::print(
+              "{:<16} {:>7} simulated under auto's measured profile: auto {:.1f} ms, pooch-greedy "
+              "{:.1f} ms; under pooch-greedy's: auto {:.1f} ms, pooch-greedy {:.1f} ms\n",
+              "", budget_name, sim_ms(a, a), sim_ms(p, a), sim_ms(a, p), sim_ms(p, p));
           if (const OutOfCoreReport& r = automatic->session->out_of_core(); r.repaged)
             fmt::print(
                 "{:<16} {:>7} auto's paging was planned again from the measured steps: {:.1f} MiB "
