@@ -599,12 +599,8 @@ struct Search {
   // copies cause, smallest ratio first; prefetch timing last.
   Candidate pooch_greedy() {
     Candidate cur = evaluate(all(Residency::swap), 1, 0);
-    std::vector<size_t> order(saved.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return saved[a].producer > saved[b].producer; });
     // Keep, latest made first, while the plan fits: the longest prefix of that order.
-    if (cur.fits) (void)keep_longest_prefix(cur, order);
+    if (cur.fits) (void)keep_longest_prefix(cur, latest_first());
     // Recompute: the swapped activations whose copies stall the compute
     // stream, smallest ratio of recompute time to stall first (PoocH flips
     // them one at a time, O(n^2) simulations). Here the k smallest are
@@ -646,6 +642,15 @@ struct Search {
     }
     Candidate timed = best_timing(cur.residency);
     return better(timed, cur) ? timed : cur;
+  }
+
+  // Indices into `saved`, the latest made first.
+  std::vector<size_t> latest_first() const {
+    std::vector<size_t> order(saved.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return saved[a].producer > saved[b].producer; });
+    return order;
   }
 
   // Swapped activations whose copy is mostly the link's latency (bytes /
@@ -805,6 +810,35 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
           best = c;
           from = k;
         }
+      // The whole search (pooch-greedy, the latency-bound swaps, the local
+      // search) again over a link of a thousandth of the bandwidth, its plan
+      // judged at the real times: it then recomputes wherever that pays,
+      // which the search at the real times may not reach. That one gets to
+      // recomputes through the stalls of an all-swapped plan, a few at a
+      // time, and where nearly every copy stalls (a long latency) its
+      // budget of plans runs out with most still swapped: the bottleneck
+      // ResNet of tests/unit/test_out_of_core.cpp over a 1 GB/s link at 1 ms
+      // a copy, at 80% of its arena, planned 0.048 s a step with nothing
+      // paged, and paged to reach 0.016 s, where 48 activations recomputed
+      // and one swapped take 0.015 s (in core 0.0125 s). It doubles the
+      // planning time of a step that does not fit in core.
+      {
+        Profile slow = profile;
+        slow.link.h2d_bandwidth /= 1000;
+        slow.link.d2h_bandwidth /= 1000;
+        Search remaking{g, base, backend, layout, opt, budget, slow, s.saved, host_budget};
+        remaking.price_recomputes();
+        Search::Candidate r = remaking.pooch_greedy();
+        if (r.fits) r = remaking.improve(remaking.keep_latency_bound(std::move(r)));
+        s.remake_unsaved = r.remake_unsaved;
+        Search::Candidate c = s.evaluate(r.residency, r.lead, r.lag);
+        s.tried += remaking.tried;
+        if (Search::better(c, best)) {
+          best = std::move(c);
+          from = Strategy::pooch_greedy;
+        }
+        s.remake_unsaved = true;
+      }
       // pooch-greedy again with recomputes that keep what they read from the
       // forward pass: remaking it frees memory but costs its producers, and
       // where the link is fast, swaps beside cheap recomputes can beat that

@@ -359,8 +359,9 @@ bool Session::replan_paging(const Profile& p) {
       return false;
     }
     // Worth a move only where the new step is faster, by more than a tie,
-    // than the paging that runs planned at the same profile (or, where that
-    // finds no plan in the arena taken, than the plan that runs, which fits).
+    // than the paging that runs: than the plan that runs or that paging
+    // planned again at the same profile (where it fits the arena taken),
+    // whichever is faster.
     const std::vector<char> new_paged = paged_, new_host_update = host_update_;
     const OutOfCoreReport new_report = ooc_;  // with level 0's in-core step, the paged bytes
     const double new_seconds = ooc_.predicted_seconds;
@@ -368,7 +369,7 @@ bool Session::replan_paging(const Profile& p) {
         simulate(programs[static_cast<int>(ProgramKind::train_step)]->schedule, profile_).seconds;
     try {
       plan_programs(paged, host_update, run);
-      now_seconds = ooc_.predicted_seconds;
+      now_seconds = std::min(now_seconds, ooc_.predicted_seconds);
     } catch (const Error& e) {
       if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
     }
