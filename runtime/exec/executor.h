@@ -33,10 +33,11 @@ class Executor {
   // Queues the schedule's steps and waits for all of them; rethrows the
   // first error a kernel or copy raised.
   void run(const BoundSchedule& b);
-  // The same, one step at a time, timing each launch and copy between two
-  // timed events recorded around it on its stream: the device's own clock,
-  // without the host's launch and synchronisation overhead (the profiler's
-  // run: nothing overlaps, so each time is its own).
+  // The same, timing each launch and copy between two timed events recorded
+  // around it on its stream: the device's own clock, without the host's
+  // launch and synchronisation overhead (the profiler's run). Launches run
+  // one at a time, so each time is its own; copies run beside them, as in a
+  // step.
   StepTimes run_timed(const BoundSchedule& b);
 
   // Synchronous copies between host memory and an arena offset.
@@ -58,6 +59,7 @@ class Executor {
   size_t arena_bytes_ = 0;
   size_t host_bytes_ = 0;
   EventId timer_start_ = -1, timer_end_ = -1;  // run_timed's, made on its first call
+  std::vector<EventId> copy_timers_;           // run_timed's, two a copy, made as needed
 };
 
 }  // namespace pooch

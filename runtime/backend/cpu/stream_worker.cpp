@@ -16,8 +16,8 @@
 
 namespace pooch::cpu {
 
-void EventState::complete(uint64_t n) {
-  const auto now = std::chrono::steady_clock::now();
+void EventState::complete(uint64_t n, std::optional<std::chrono::steady_clock::time_point> at) {
+  const auto now = at ? *at : std::chrono::steady_clock::now();
   {
     std::lock_guard lock(mu_);
     if (n > completed_) {
@@ -151,7 +151,10 @@ void StreamWorker::execute(const Task& t) {
         break;
       }
       case Task::Kind::record:
-        t.event->complete(t.count);
+        // Behind a copy (or a wait that blocked) the stream reached the record
+        // when the link was free again (the device's clock), however late
+        // this thread woke: a copy's two events then span its link time.
+        t.event->complete(t.count, link_busy_ ? std::optional(link_free_) : std::nullopt);
         break;
       case Task::Kind::wait:
         // A copy behind a wait that blocked could start when the event

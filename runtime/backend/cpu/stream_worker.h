@@ -28,7 +28,9 @@ class EventState {
   uint64_t next_record() { return ++recorded_; }
   uint64_t recorded() const { return recorded_; }
 
-  void complete(uint64_t n);
+  // Completes record n at `at` (the stream's clock where it is not the
+  // thread's: behind a copy of the emulated link), else now.
+  void complete(uint64_t n, std::optional<std::chrono::steady_clock::time_point> at = {});
   // Returns when the record completed where the wait had to block for it,
   // nothing where it had already completed.
   std::optional<std::chrono::steady_clock::time_point> wait(uint64_t n);
