@@ -364,11 +364,13 @@ void Session::run_profiled_train_step() {
   if (ooc_.active) {
     const auto t0 = std::chrono::steady_clock::now();
     // A search over other times may find no plan in the arena taken (at the
-    // smallest budget, under load): the plan that runs fits, and stays. So
-    // does one the new search does not beat at the same times: a search from
-    // slightly different times can land on a slower plan (mlp-chain50 at a
-    // third of its arena planned 229 ms in one bench run and 315 ms in
-    // another, each simulated within 1% of what it measured).
+    // smallest budget, under load): the plan that runs fits, and stays. Under
+    // `auto` so does one the new search does not beat at the same times: a
+    // search from slightly different times can land on a slower plan
+    // (mlp-chain50 at a third of its arena planned 229 ms in one bench run
+    // and 315 ms in another, each simulated within 1% of what it measured).
+    // A named strategy's plan is its own search's (the plan made at creation
+    // can be another: where paging made room, every activation kept).
     std::optional<OocPlan> op;
     try {
       op = plan_out_of_core(graph_, train_request_, *backend_, layout_,
@@ -379,7 +381,8 @@ void Session::run_profiled_train_step() {
     ooc_.plan_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (op && op->schedule.host_bytes <= exec().host_bytes() &&
-        op->sim.seconds < simulate(c->schedule, profile_).seconds) {
+        (cfg_.strategy != Strategy::automatic ||
+         op->sim.seconds < simulate(c->schedule, profile_).seconds)) {
       c->schedule = std::move(op->schedule);
       c->bound = exec().bind(c->schedule, ctx_.get());
       ooc_.strategy = op->strategy;
