@@ -104,16 +104,12 @@ StepTimes Executor::run_timed(const BoundSchedule& b) {
   // profiled its nodes at 94-99 ms a step against 70.5 ms in core
   // (bench/ooc), and plans made from such profiles simulated up to 23% over
   // their steps.
-  size_t copies = 0;
-  for (const ScheduleStep& st : s.steps)
-    copies += st.kind == StepKind::copy_in || st.kind == StepKind::copy_out;
-  while (copy_timers_.size() < 2 * copies) copy_timers_.push_back(backend_.event_create_timed());
-  std::vector<std::pair<size_t, size_t>> copy_timer;  // (copy index, first of its two timers)
-  copy_timer.reserve(copies);
+  // Copy i's events are copy_timers_[2i] and [2i + 1].
+  while (copy_timers_.size() < 2 * s.copies.size())
+    copy_timers_.push_back(backend_.event_create_timed());
   for (const ScheduleStep& st : s.steps) {
     if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) {
-      const size_t k = 2 * copy_timer.size();
-      copy_timer.emplace_back(static_cast<size_t>(st.index), k);
+      const auto k = 2 * static_cast<size_t>(st.index);
       backend_.event_record(st.stream, copy_timers_[k]);
       step(b, st);
       backend_.event_record(st.stream, copy_timers_[k + 1]);
@@ -131,8 +127,11 @@ StepTimes Executor::run_timed(const BoundSchedule& b) {
         backend_.event_elapsed(timer_start_, timer_end_);
   }
   backend_.sync_all();
-  for (const auto& [copy, k] : copy_timer)
-    t.copy_seconds[copy] = backend_.event_elapsed(copy_timers_[k], copy_timers_[k + 1]);
+  for (const ScheduleStep& st : s.steps)
+    if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) {
+      const auto i = static_cast<size_t>(st.index);
+      t.copy_seconds[i] = backend_.event_elapsed(copy_timers_[2 * i], copy_timers_[2 * i + 1]);
+    }
   return t;
 }
 

@@ -825,8 +825,9 @@ OocPlan plan_out_of_core(const Graph& g, const ProgramRequest& base, const Backe
       // ResNet of tests/unit/test_out_of_core.cpp over a 1 GB/s link at 1 ms
       // a copy, at 80% of its arena, planned 0.048 s a step with nothing
       // paged, and paged to reach 0.016 s, where 48 activations recomputed
-      // and one swapped take 0.015 s (in core 0.0125 s). It doubles the
-      // planning time of a step that does not fit in core, so it is skipped
+      // and one swapped take 0.015 s (in core 0.0125 s). It takes two to
+      // three times the planning time (bench/ooc --planning: 22 -> 64 ms on
+      // a 2 806-node chain) of a step that does not fit in core, so it is skipped
       // where the plan found is within 2% of in core already (ResNet-50 at
       // 128 pixels in a third of its arena, 1.01x: 0.24 s of planning, 0.41
       // s with it).
