@@ -706,12 +706,31 @@ struct Search {
   // Local search: moves that may make the plan faster, the largest expected
   // gain first (keep a swapped or recomputed activation when the live bytes
   // allow it; recompute a swapped one whose copies stall for longer than its
-  // producer runs; swap a recomputed one whose producer costs more than a
-  // copy). A move stays when the plan fits and simulates faster; then the
-  // moves are ranked again. At most kMaxMoves plans: planning time stays
-  // bounded on large graphs. Moves that only save memory (keep to swap)
-  // never make a fitting plan faster, so they are not tried.
-  static constexpr int kMaxMoves = 16;
+  // producer runs; swap a recomputed one whose producer costs more than the
+  // share of a copy a link as busy as this plan's would make the step wait).
+  // A move stays when the plan fits and simulates faster; then the moves are
+  // ranked again. At most kMaxMoves plans: planning time stays bounded on
+  // large graphs (64: ResNet-50 at 64 pixels over bench/ooc's link gained
+  // 1-2% of a step over 16 at a third of its activations, and 64 plans of a
+  // 2 806-node chain take about 20 ms). Moves that only save memory (keep to
+  // swap) never make a fitting plan faster, so they are not tried.
+  static constexpr int kMaxMoves = 64;
+  // The busier copy stream's share of the candidate's simulated step: how
+  // much of a new copy's time the step would feel (0: an idle link hides it
+  // beside the launches; 1: it queues behind the others).
+  double link_busy(const Candidate& c) const {
+    double busy[kNumStreams] = {0, 0, 0};
+    for (const ScheduleStep& st : c.schedule.steps)
+      if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) {
+        const double bw =
+            st.kind == StepKind::copy_in ? profile.link.h2d_bandwidth : profile.link.d2h_bandwidth;
+        const auto bytes =
+            static_cast<double>(c.schedule.copies[static_cast<size_t>(st.index)].bytes);
+        busy[static_cast<int>(st.stream)] += profile.link.latency + bytes / bw;
+      }
+    const double most = *std::max_element(std::begin(busy), std::end(busy));
+    return std::min(1.0, most / std::max(c.sim.seconds, 1e-12));
+  }
   static constexpr int kMaxRecomputePlans = 16;
   Candidate improve(Candidate cur) {
     std::vector<char> tried_move(3 * g.num_tensors(), 0);
@@ -721,6 +740,7 @@ struct Search {
       again = false;
       const std::vector<double> stall = stalls(cur);
       const LiveBytes lb = live_bytes(cur);
+      const double busy = link_busy(cur);
       struct Move {
         double gain;
         size_t i;
@@ -736,8 +756,14 @@ struct Search {
         if (cost > 0 && may_keep(cur, lb, sa)) list.push_back({cost, i, Residency::keep});
         if (now == Residency::swap && sa.recomputable && stall[t] > producer_seconds(sa))
           list.push_back({stall[t] - producer_seconds(sa), i, Residency::recompute});
-        if (now == Residency::recompute && producer_seconds(sa) > transfer_seconds(sa))
-          list.push_back({producer_seconds(sa) - transfer_seconds(sa), i, Residency::swap});
+        // A copy costs the step only where the link is busy: on an idle
+        // link it runs beside the launches, so a recompute's whole time may
+        // be won (ResNet-50 at 64 pixels recomputed its first stage's
+        // convolutions, each far cheaper than its copy, while the link sat
+        // idle for 99% of the step).
+        const double copy_cost = busy * transfer_seconds(sa);
+        if (now == Residency::recompute && producer_seconds(sa) > copy_cost)
+          list.push_back({producer_seconds(sa) - copy_cost, i, Residency::swap});
       }
       std::stable_sort(list.begin(), list.end(),
                        [](const Move& a, const Move& b) { return a.gain > b.gain; });
