@@ -333,12 +333,13 @@ void Session::run(ProgramKind p) {
                                                           : "it was created for inference")
                                 : "the model has no outputs for it"));
   if (p == ProgramKind::train_step && ooc_.active && !cfg_.machine &&
-      measured_runs_.size() < kMeasuredSteps) {
+      measured_runs_.size() < kMeasuredSteps && trained_) {
     run_profiled_train_step();
     return;
   }
   prepare_run(c->schedule);
   exec().run(c->bound);
+  trained_ = trained_ || p == ProgramKind::train_step;
 }
 
 void Session::run_profiled_train_step() {
@@ -347,6 +348,7 @@ void Session::run_profiled_train_step() {
   if (!c) run(ProgramKind::train_step);  // says why there is none
   prepare_run(c->schedule);
   const StepTimes t = exec().run_timed(c->bound);
+  trained_ = true;
   // Every run falls back on the link model the session started from (where a
   // run copied too little to measure it), not on an earlier run's measurement,
   // so that runs stay independent.

@@ -138,12 +138,16 @@ class Session {
 
   bool has_program(ProgramKind p) const { return programs_[static_cast<int>(p)] != nullptr; }
   // Runs a program. A train step advances the optimizer step counter. Out
-  // of core (and not planning for a --machine card), the first
-  // kMeasuredSteps train steps run as run_profiled_train_step does, so the
+  // of core (and not planning for a --machine card), the kMeasuredSteps
+  // train steps after the first run as run_profiled_train_step does, so the
   // plan is made again from measured times: the estimate the session
   // started from can be off by orders of magnitude (20 GFLOP/s where an H200
   // ran GPT-2's step at 16 TFLOP/s), and a plan that trusts it swaps what it
-  // should keep.
+  // should keep. The session's first train step runs cold and is not
+  // measured: timed, ResNet-50's (bench/ooc, 64 pixels, a fifth of its
+  // activations' memory) took 92-108 ms in launches against 76-86 ms for the
+  // steps after it, and with it among three measured steps the plans
+  // simulated 5-13% over their steps.
   void run(ProgramKind p);
   static constexpr size_t kMeasuredSteps = 3;
   // Runs one real train step a launch at a time, timing each launch and
@@ -267,6 +271,7 @@ class Session {
   OutOfCoreReport ooc_;
   Profile profile_;
   bool profile_measured_ = false;
+  bool trained_ = false;                // a train step ran (the first runs cold: not measured)
   std::vector<Profile> measured_runs_;  // the last kProfileRuns profiled steps
   LinkModel unmeasured_link_;           // the link model before any measurement
   ProgramRequest train_request_;  // kept for planning again from a measured profile and reports
