@@ -50,14 +50,16 @@ namespace {
 // A call's row block (its "width"): the batch rounded up to 16, 32, 64 or
 // 128 rows, and 128 past that (docs/BENCHMARKS.md, "The fused fixed fan-in
 // output layer": wider was faster, up to the 128 measured), or 64 where a
-// block of 64 rows of hT and dhT (2 x H x 64 floats) fits the core's L2
-// cache and one of 128 does not: each label reads random rows of both, and
-// from L2 rather than L3 a step at B=128, H=4096, L=670 091 took 0.29 s
-// instead of 0.39 s on a Xeon with 2 MiB of L2 (on an AMD EPYC with 512 KiB
-// neither fits, and 128 rows ran fastest). The choice never changes the
-// results: every sum across rows (dw, db, the loss) is formed per group of
-// kGroup rows, in the same order at either width. POOCH_FFI_BLOCK_ROWS=64 or
-// 128 sets it (for tests that compare the two).
+// block of 128 rows of hT and dhT (2 x H x 128 floats) does not fit the
+// core's L2 cache: each label reads random rows of both, and the smaller
+// block keeps more of them near the core. A step at B=128, H=4096,
+// L=670 091 took 0.29 s instead of 0.39 s on a Xeon with 2 MiB of L2 (where
+// the block of 64 fits) and 0.25 s instead of 0.30 s on an AMD EPYC (Zen 5)
+// with 1 MiB (where neither fits); at H=1024 (128 rows fit that L2) the two
+// widths were level. The choice never changes the results: every sum
+// across rows (dw, db, the loss) is formed per group of kGroup rows, in the
+// same order at either width. POOCH_FFI_BLOCK_ROWS=64 or 128 sets it (for
+// tests that compare the two).
 constexpr int64_t kMaxWidth = 128;
 constexpr int64_t kGroup = 64;
 size_t l2_bytes() {
@@ -76,8 +78,7 @@ int64_t width_of(int64_t batch, int64_t hidden) {
   const auto block_bytes = [&](int64_t rows) {
     return 2 * static_cast<size_t>(hidden * rows) * sizeof(float);
   };
-  return block_bytes(kGroup) <= l2_bytes() && block_bytes(kMaxWidth) > l2_bytes() ? kGroup
-                                                                                  : kMaxWidth;
+  return l2_bytes() > 0 && block_bytes(kMaxWidth) > l2_bytes() ? kGroup : kMaxWidth;
 }
 constexpr size_t kAlign = 64;
 
