@@ -473,11 +473,14 @@ POOCH_VEC_CLONES void absent_labels_grad(const Layer<I>& y, int64_t b, int64_t l
                                          int64_t p, const float* hb, double* sums, float* dw,
                                          float* db, float* dhb) {
   const int64_t r0 = b * W, n = rows_in(y.batch, W, b);
-  // Four labels at a time: their logits and loss terms have no bearing on
-  // each other, so the one's chains fill the others' latency (B=128,
-  // H=4096, L=670 091: two labels took 7% off a step, four 1.5% more). The
-  // sums and dhT take each label's share in label order, as one at a time.
-  constexpr int kAtOnce = 4;
+  // Several labels at a time: their logits and loss terms have no bearing
+  // on each other, so the one's chains fill the others' latency (B=128,
+  // H=4096, L=670 091: two labels took 7% off a step, four 1.5% more). In
+  // narrower blocks a label's work is short and four ran 7% slower than two
+  // (B=32, H=512, where two are level with the tiles called one at a time).
+  // The sums and dhT take each label's share in label order, as one at a
+  // time.
+  constexpr int kAtOnce = W >= 64 ? 4 : 2;
   alignas(64) float zs[kAtOnce][W], gs[kAtOnce][W];
   for (int64_t l = lo; l < hi; l += kAtOnce) {
     const int m = static_cast<int>(std::min<int64_t>(kAtOnce, hi - l));
