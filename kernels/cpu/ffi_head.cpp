@@ -201,11 +201,11 @@ int64_t first_pair(const Pair* pairs, int64_t n, int64_t b, int64_t l) {
 // "AVX-512"). Vec8 is the 8-float vector that lane sums and the loss terms
 // are added in.
 typedef float Row16 __attribute__((vector_size(64), aligned(4)));
+typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+#define POOCH_SPLAT(x) (Row16{} + (x))
 // The tiles' bodies inline into each clone of their callers (compiled for
 // that clone's ISA); the cloned *_tile wrappers below serve the other callers.
 #define POOCH_ALWAYS_INLINE inline __attribute__((always_inline))
-typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
-#define POOCH_SPLAT(x) (Row16{} + (x))
 
 // The rows sit at random places (the index is random): fetching the row of a
 // later k while this one is summed hides part of the cache-miss latency.

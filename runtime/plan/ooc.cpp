@@ -759,8 +759,8 @@ struct Search {
         // A copy costs the step only where the link is busy: on an idle
         // link it runs beside the launches, so a recompute's whole time may
         // be won (ResNet-50 at 64 pixels recomputed its first stage's
-        // convolutions, each far cheaper than its copy, while the link sat
-        // idle for 99% of the step).
+        // convolutions, each far cheaper than its copy, with nothing on the
+        // link).
         const double copy_cost = busy * transfer_seconds(sa);
         if (now == Residency::recompute && producer_seconds(sa) > copy_cost)
           list.push_back({producer_seconds(sa) - copy_cost, i, Residency::swap});
