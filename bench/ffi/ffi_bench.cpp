@@ -7,8 +7,10 @@
 //            ffi_grad_weight: the [B, L] logits and their gradient exist
 //   fused    ffi_loss_grad, which gives the loss too: label tiles, no
 //            [B, L] array, one pass over the logits
+//   evaluate ffi_loss alone (the loss of an evaluate program)
+//   predict  ffi_topk with k = 5 (the top labels of a forward program)
 //
-//   pooch-bench-ffi --form fused|unfused [--batch 128] [--hidden 4096]
+//   pooch-bench-ffi --form fused|unfused|evaluate|predict [--batch 128] [--hidden 4096]
 //                   [--labels 670091] [--fan-in 32] [--threads 2] [--steps 3]
 //
 // Prints one JSON line: seconds per step (the median of --steps after one
@@ -121,8 +123,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (form != "fused" && form != "unfused") {
-    fmt::print(stderr, "pooch-bench-ffi: --form must be fused or unfused, not {}\n", form);
+  if (form != "fused" && form != "unfused" && form != "evaluate" && form != "predict") {
+    fmt::print(stderr,
+               "pooch-bench-ffi: --form must be fused, unfused, evaluate or predict, not {}\n",
+               form);
     return 2;
   }
   if (B < 1 || H < 1 || L < 1 || K < 1 || K > H || threads < 1 || steps < 1) {
@@ -172,7 +176,15 @@ int main(int argc, char** argv) {
 
   std::vector<Launch> step;
   std::vector<float> logits, dlogits;  // unfused only
-  if (form == "fused") {
+  std::vector<float> top_v(B * 5);
+  std::vector<int32_t> top_i(B * 5);
+  if (form == "evaluate") {
+    step.push_back(launch("ffi_loss", {th, ti, tw, tb, tp, tl}, {tloss}, &ctx, {{"loss", 0}}));
+  } else if (form == "predict") {
+    const TensorView tv = view(top_v.data(), DType::f32, {B, 5});
+    const TensorView tix = view(top_i.data(), DType::i32, {B, 5});
+    step.push_back(launch("ffi_topk", {th, ti, tw, tb}, {tv, tix}, &ctx, {{"k", 5}}));
+  } else if (form == "fused") {
     // A train step runs ffi_loss_grad alone: it gives the loss too.
     step.push_back(launch("ffi_loss_grad", {th, ti, tw, tb, tp, tl}, {tdh, tdw, tdb, tloss}, &ctx,
                           {{"loss", 0}, {"scale", 1.0}, {"with_loss", 1.0}}));

@@ -515,6 +515,44 @@ POOCH_VEC_CLONES void absent_labels_grad(const Layer<I>& y, int64_t b, int64_t l
   }
 }
 
+// One slice's labels [lo, hi) over block b of an evaluate step (ffi_loss,
+// bce or squared hinge): absent_labels_grad without the gradient, four
+// labels' logits at a time; the sums take each label's share in label order.
+template <int64_t W, class I>
+POOCH_VEC_CLONES void absent_labels_loss(const Layer<I>& y, int64_t b, int64_t lo, int64_t hi,
+                                         Loss kind, const Pair* pairs, int64_t np, int64_t p,
+                                         const float* hb, double* sums) {
+  const int64_t r0 = b * W, n = rows_in(y.batch, W, b);
+  constexpr int kAtOnce = 4;
+  alignas(64) float zs[kAtOnce][W];
+  for (int64_t l = lo; l < hi; l += kAtOnce) {
+    const int m = static_cast<int>(std::min<int64_t>(kAtOnce, hi - l));
+    const I* il[kAtOnce];
+    const float* wl[kAtOnce];
+    float* zp[kAtOnce];
+    float bias[kAtOnce];
+    for (int j = 0; j < kAtOnce; ++j) {
+      const int64_t lj = std::min(l + j, hi - 1);
+      il[j] = y.index + lj * y.fan_in;
+      wl[j] = y.w + lj * y.fan_in;
+      zp[j] = zs[j];
+      bias[j] = y.bias[lj];
+    }
+    if (m == kAtOnce)
+      logits_rows<W, kAtOnce>(hb, il, wl, y.fan_in, bias, zp);
+    else
+      for (int j = 0; j < m; ++j) logits_rows<W, 1>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
+    for (int j = 0; j < m; ++j) {
+      add_groups(sums + r0 / kGroup, absent_rows<false>(zs[j], n, W, kind, 0.0f, nullptr), W);
+      for (; p < np && pairs[p].block == b && pairs[p].label == l + j; ++p) {
+        const float x = zs[j][pairs[p].row - r0];
+        sums[pairs[p].row / kGroup] +=
+            static_cast<double>(term(x, 1.0f, kind)) - term(x, 0.0f, kind);
+      }
+    }
+  }
+}
+
 // Each thread's contiguous label range [lo, hi).
 void label_range(int64_t labels, int nt, int t, int64_t* lo, int64_t* hi) {
   *lo = labels * t / nt;
@@ -678,23 +716,14 @@ void loss_fwd(const KernelArgs& a) {
     for (int t = 0; t < nt; ++t) {
       int64_t lo, hi;
       label_range(y.labels, nt, t, &lo, &hi);
-      float* z = s.z + t * kMaxWidth;
       double* sums = s.gsum + t * y.groups();
       std::fill(sums, sums + y.groups(), 0.0);
       for (int64_t b = 0; b < y.blocks(); ++b) {
         const float* hb = s.ht + b * y.hidden * y.bw;
-        const int64_t n = rows_in(y.batch, y.bw, b);
-        int64_t p = first_pair(s.pairs, np, b, lo);
-        for (int64_t l = lo; l < hi; ++l) {
-          logits(y, hb, l, z);
-          add_groups(sums + b * y.bw / kGroup, tile_absent<false>(z, n, y.bw, kind, 0.0f, nullptr),
-                     y.bw);
-          for (; p < np && s.pairs[p].block == b && s.pairs[p].label == l; ++p) {
-            const float x = z[s.pairs[p].row - b * y.bw];
-            sums[s.pairs[p].row / kGroup] +=
-                static_cast<double>(term(x, 1.0f, kind)) - term(x, 0.0f, kind);
-          }
-        }
+        const int64_t p = first_pair(s.pairs, np, b, lo);
+        at_width(y.bw, [&](auto w) {
+          absent_labels_loss<w.value>(y, b, lo, hi, kind, s.pairs, np, p, hb, sums);
+        });
       }
       s.part[t] = group_total(sums, y.groups());
     }
@@ -806,17 +835,68 @@ inline void insert(float v, int64_t l, float* bv, int32_t* bi, int64_t& n, int64
   bi[p] = static_cast<int32_t>(l);
 }
 
-// hT, one logit tile per thread, and per thread and row a running top k.
+// hT, and per thread and row a running top k and the value a logit must
+// pass to enter it (the logit tiles are topk_labels' own).
 size_t topk_bytes(const KernelArgs& a, int nt) {
   const int64_t hidden = a.in[0].shape[1], bp = padded(a.in[0].shape[0], hidden);
   const int64_t k = a.out[0].shape[1];
   Carver c{nullptr};
   c.take<float>(hidden * bp);
-  c.take<float>(nt * kMaxWidth);
   c.take<float>(nt * bp * k);
   c.take<int32_t>(nt * bp * k);
   c.take<int64_t>(nt * bp);
+  c.take<float>(nt * bp);
   return c.used;
+}
+
+// One slice's labels [lo, hi) over block b (rows r0 = b * W on) into the
+// slice's running lists (v, ix, n: per row, k long), four labels' logits at
+// a time, then each label in order. `bar` holds per row the k-th value once
+// the list is full, NaN before: a logit z enters only where !(z <= bar)
+// (z above it, or either NaN), tested 16 rows at a time; a label always
+// follows the list's labels, so a tie never enters, and the rows the test
+// lets through go to the exact comparison.
+template <int64_t W, class I>
+POOCH_VEC_CLONES void topk_labels(const Layer<I>& y, int64_t b, int64_t lo, int64_t hi,
+                                  const float* hb, int64_t k, float* v, int32_t* ix, int64_t* n,
+                                  float* bar) {
+  const int64_t r0 = b * W, rows = rows_in(y.batch, W, b);
+  constexpr int kAtOnce = 4;
+  alignas(64) float zs[kAtOnce][W];
+  for (int64_t l = lo; l < hi; l += kAtOnce) {
+    const int m = static_cast<int>(std::min<int64_t>(kAtOnce, hi - l));
+    const I* il[kAtOnce];
+    const float* wl[kAtOnce];
+    float* zp[kAtOnce];
+    float bias[kAtOnce];
+    for (int j = 0; j < kAtOnce; ++j) {
+      const int64_t lj = std::min(l + j, hi - 1);
+      il[j] = y.index + lj * y.fan_in;
+      wl[j] = y.w + lj * y.fan_in;
+      zp[j] = zs[j];
+      bias[j] = y.bias[lj];
+    }
+    if (m == kAtOnce)
+      logits_rows<W, kAtOnce>(hb, il, wl, y.fan_in, bias, zp);
+    else
+      for (int j = 0; j < m; ++j) logits_rows<W, 1>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
+    for (int j = 0; j < m; ++j) {
+      const float* z = zs[j];
+      for (int64_t c = 0; c < rows; c += 16) {
+        const int64_t e = std::min<int64_t>(rows, c + 16);
+        int open = 0;
+#pragma omp simd reduction(| : open)
+        for (int64_t q = c; q < e; ++q) open |= !(z[q] <= bar[r0 + q]) ? 1 : 0;
+        if (!open) continue;
+        for (int64_t q = c; q < e; ++q) {
+          const int64_t r = r0 + q;
+          if (n[r] == k && !ranks_above(z[q], l + j, v[r * k + k - 1], ix[r * k + k - 1])) continue;
+          insert(z[q], l + j, v + r * k, ix + r * k, n[r], k);
+          if (n[r] == k) bar[r] = v[r * k + k - 1];
+        }
+      }
+    }
+  }
 }
 size_t topk_ws(const KernelArgs& a) {
   return topk_bytes(a, planned_slots());
@@ -834,32 +914,24 @@ void topk(const KernelArgs& a) {
   if (y.batch == 0) return;
   Carver c{static_cast<char*>(a.workspace)};
   float* ht = c.take<float>(y.hidden * y.bp);
-  float* zt = c.take<float>(nt * kMaxWidth);
   float* bv = c.take<float>(nt * y.bp * k);
   auto* bi = c.take<int32_t>(nt * y.bp * k);
   auto* cnt = c.take<int64_t>(nt * y.bp);
+  float* bars = c.take<float>(nt * y.bp);
   transpose_in(y, ht, th);
 #pragma omp parallel for num_threads(th) schedule(static, 1)
   for (int t = 0; t < nt; ++t) {
     int64_t lo, hi;
     label_range(y.labels, nt, t, &lo, &hi);
-    float* z = zt + t * kMaxWidth;
     float* v = bv + t * y.bp * k;
     int32_t* ix = bi + t * y.bp * k;
     int64_t* n = cnt + t * y.bp;
+    float* bar = bars + t * y.bp;
     std::fill(n, n + y.bp, 0);
+    std::fill(bar, bar + y.bp, std::numeric_limits<float>::quiet_NaN());
     for (int64_t b = 0; b < y.blocks(); ++b) {
       const float* hb = ht + b * y.hidden * y.bw;
-      const int64_t r0 = b * y.bw, rows = rows_in(y.batch, y.bw, b);
-      for (int64_t l = lo; l < hi; ++l) {
-        logits(y, hb, l, z);
-        for (int64_t j = 0; j < rows; ++j) {
-          const int64_t r = r0 + j;
-          // Most labels lose to the row's k-th: one comparison rejects them.
-          if (n[r] == k && !ranks_above(z[j], l, v[r * k + k - 1], ix[r * k + k - 1])) continue;
-          insert(z[j], l, v + r * k, ix + r * k, n[r], k);
-        }
-      }
+      at_width(y.bw, [&](auto w) { topk_labels<w.value>(y, b, lo, hi, hb, k, v, ix, n, bar); });
     }
   }
   // Merge the slices' lists per row (slice t's labels all precede t+1's).

@@ -174,6 +174,15 @@ void topk_cases(Rng& rng, std::vector<OpCase>& out) {
   std::fill(win[2].values.begin(), win[2].values.end(), 0.0);
   win[3] = randint(rng, {wide.L}, 0, 3, DType::f32, "b");
   out.push_back(topk_case(win, 16, "ties " + label_of(wide) + " k=16"));
+  // Labels whose logits are NaN (after every number), -inf and +inf, in a
+  // list that holds all of them (k = L) and in one that ends before them.
+  const Dims odd{20, 8, 30, 4, u16};
+  std::vector<HostTensor> oin = layer(rng, odd);
+  oin[3].values[3] = std::nan("");
+  oin[3].values[7] = -INFINITY;
+  oin[3].values[11] = INFINITY;
+  out.push_back(topk_case(oin, 30, "nan and inf " + label_of(odd) + " k=30"));
+  out.push_back(topk_case(std::move(oin), 5, "nan and inf " + label_of(odd) + " k=5"));
 }
 
 }  // namespace
