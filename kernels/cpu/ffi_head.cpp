@@ -12,9 +12,13 @@
 // and, within a block, its labels in order. A label's logits for a block
 // live only in a tile, turned at once into their loss terms, their gradient
 // g, db[l] += sum g, dw[l,k] += g . hT[block][u] and dhT[block][u] +=
-// w[l,k] g (dhT per thread, summed in thread order at the end). Nothing here
-// grows with L: the scratch is hT, one dhT per thread, the batch's (block,
-// label, row) target pairs, sorted, and per-row sums.
+// w[l,k] g (dhT per thread, summed in thread order at the end). The loops
+// over a slice's labels (absent_labels_grad, absent_labels_loss,
+// topk_labels) form the logits of two or four labels in one pass over k, so
+// that their chains overlap, then finish each label in order, so the bits
+// are those of one label at a time. Nothing here grows with L: the scratch
+// is hT, one dhT per thread, the batch's (block, label, row) target pairs,
+// sorted, and per-row sums.
 //
 // Targets: every label is first treated as absent (t = 0) for the whole
 // tile, then the few listed (label, row) pairs are corrected, as the unfused
