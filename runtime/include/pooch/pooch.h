@@ -283,6 +283,10 @@ typedef enum pooch_program {
   POOCH_PROGRAM_EVALUATE = 2    /* every output, the loss included, with no update */
 } pooch_program;
 
+/* Runs one program on the inputs set last. Out of core, the second to the
+ * fourth train step of a session run a launch at a time, timed, and the step
+ * is then planned again from their times (the first runs cold and is not
+ * timed; docs/PLANNER.md): those three steps take longer than the ones after. */
 POOCH_API pooch_status pooch_session_run(pooch_session* s, pooch_program program);
 /* Copies an output computed by the last run; `bytes` must be its full size
  * (pooch_model_output_info). */
