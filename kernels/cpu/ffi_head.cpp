@@ -522,6 +522,9 @@ POOCH_VEC_CLONES void absent_labels_grad(const Layer<I>& y, int64_t b, int64_t l
 // One slice's labels [lo, hi) over block b of an evaluate step (ffi_loss,
 // bce or squared hinge): absent_labels_grad without the gradient, several
 // labels' logits at a time; the sums take each label's share in label order.
+// The labels' set-up is written out here, in topk_labels and in
+// absent_labels_grad: an inlined helper for it made the train step 10% and
+// top-k 13% slower (pooch-bench-ffi, alternated builds).
 // (Its labels' set-up is written out here as in absent_labels_grad: a shared
 // helper that filled the index and weight pointers through arguments made
 // the train step 10% slower.)
