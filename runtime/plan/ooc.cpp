@@ -201,6 +201,11 @@ namespace {
 bool replay_slot(const Schedule& s, size_t slot) {
   return slot < s.launch_replay.size() && s.launch_replay[slot];
 }
+// The link's time for a copy step (copy_in or copy_out) of `bytes`.
+double copy_seconds(const Profile& p, StepKind kind, double bytes) {
+  const double bw = kind == StepKind::copy_in ? p.link.h2d_bandwidth : p.link.d2h_bandwidth;
+  return p.link.latency + bytes / bw;
+}
 }  // namespace
 
 std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
@@ -223,11 +228,9 @@ std::vector<StepTiming> simulate_timeline(const Schedule& s, const Profile& p) {
       }
       case StepKind::copy_in:
       case StepKind::copy_out: {
-        const double bw =
-            st.kind == StepKind::copy_in ? p.link.h2d_bandwidth : p.link.d2h_bandwidth;
         const auto bytes = static_cast<double>(s.copies[static_cast<size_t>(st.index)].bytes);
         out[i].start = now;
-        now += p.link.latency + bytes / bw;
+        now += copy_seconds(p, st.kind, bytes);
         // A copy made by the compute cores delays the kernels that run
         // while it is made: those after the compute stream's time, where the
         // copy starts no later (a swap-out starts at its producer's end, which
@@ -721,13 +724,10 @@ struct Search {
   double link_busy(const Candidate& c) const {
     double busy[kNumStreams] = {0, 0, 0};
     for (const ScheduleStep& st : c.schedule.steps)
-      if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) {
-        const double bw =
-            st.kind == StepKind::copy_in ? profile.link.h2d_bandwidth : profile.link.d2h_bandwidth;
-        const auto bytes =
-            static_cast<double>(c.schedule.copies[static_cast<size_t>(st.index)].bytes);
-        busy[static_cast<int>(st.stream)] += profile.link.latency + bytes / bw;
-      }
+      if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out)
+        busy[static_cast<int>(st.stream)] += copy_seconds(
+            profile, st.kind,
+            static_cast<double>(c.schedule.copies[static_cast<size_t>(st.index)].bytes));
     const double most = *std::max_element(std::begin(busy), std::end(busy));
     return std::min(1.0, most / std::max(c.sim.seconds, 1e-12));
   }
