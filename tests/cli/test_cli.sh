@@ -8,34 +8,8 @@ RUN=${1:?usage: test_cli.sh PATH/TO/pooch-run}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 MACHINES=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../machines" && pwd)  # before the cd below
 TEST_DATA=$(cd "$(dirname "${BASH_SOURCE[0]}")/../data" && pwd)
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-cli.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-cd "$TMP" || exit 1
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-# expect NAME WANT_RC CMD...: runs CMD (stdout > NAME.out, stderr > NAME.err).
-expect() {
-  local name=$1 want=$2
-  shift 2
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  if [ "$rc" = "$want" ]; then
-    pass "$name (exit $rc)"
-    return 0
-  fi
-  fail "$name: exit $rc, wanted $want"
-  sed 's/^/    | /' "$name.err" | tail -5
-  return 1
-}
-# contains NAME FILE PATTERN (extended regex)
-contains() {
-  if grep -Eq -- "$3" "$2"; then pass "$1"; else
-    fail "$1: '$3' not in $2"
-    sed 's/^/    | /' "$2" | tail -5
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_scratch cli
 json_last() { tail -n 1 "$1"; }
 
 T=(--threads 1 --device cpu)
@@ -769,8 +743,4 @@ expect no-valid-split 0 "$RUN" train --data data --epochs 1 --hidden 16 --ensemb
 if grep -q '"valid":' no-valid-split.out; then fail no-valid-split-json; else pass no-valid-split-json; fi
 
 echo
-if [ $failures -gt 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all checks passed"
+finish

@@ -19,30 +19,8 @@ RUN=${1:?usage: test_cnn_digits.sh PATH/TO/pooch-run DATA_DIR}
 DATA=${2:?usage: test_cnn_digits.sh PATH/TO/pooch-run DATA_DIR}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 DATA=$(cd "$DATA" && pwd)
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-cnn.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-cd "$TMP" || exit 1
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-expect() {
-  local name=$1 want=$2
-  shift 2
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  if [ "$rc" = "$want" ]; then pass "$name (exit $rc)"; return 0; fi
-  fail "$name: exit $rc, wanted $want"
-  sed 's/^/    | /' "$name.err" | tail -5
-  sed 's/^/    | /' "$name.out" | tail -5
-  return 1
-}
-contains() {
-  if grep -Eq -- "$3" "$2"; then pass "$1"; else
-    fail "$1: '$3' not in $2"
-    sed 's/^/    | /' "$2" | tail -5
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_scratch cnn
 # The number after "key": in the last line of FILE.
 json_num() { tail -n 1 "$2" | grep -Eo "\"$1\": ?[-0-9.e]+" | tail -n 1 | sed -E 's/.*: ?//'; }
 
@@ -193,8 +171,4 @@ else
   tail -n 3 one_thread.err | sed 's/^/    | /'
 fi
 
-if [ "$failures" -gt 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all checks passed"
+finish

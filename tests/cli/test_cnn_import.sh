@@ -12,30 +12,8 @@ RUN=${1:?usage: test_cnn_import.sh PATH/TO/pooch-run GOLDEN_DIR}
 GOLD=${2:?usage: test_cnn_import.sh PATH/TO/pooch-run GOLDEN_DIR}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 GOLD=$(cd "$GOLD" && pwd)
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-cnnio.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-cd "$TMP" || exit 1
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-expect() {
-  local name=$1 want=$2
-  shift 2
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  if [ "$rc" = "$want" ]; then pass "$name (exit $rc)"; return 0; fi
-  fail "$name: exit $rc, wanted $want"
-  sed 's/^/    | /' "$name.err" | tail -5
-  sed 's/^/    | /' "$name.out" | tail -5
-  return 1
-}
-contains() {
-  if grep -Eq -- "$3" "$2"; then pass "$1"; else
-    fail "$1: '$3' not in $2"
-    sed 's/^/    | /' "$2" | tail -5
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_scratch cnnio
 
 for m in resnet18_tiny resnet50_tiny vgg11bn_tiny; do
   expect "import_$m" 0 "$RUN" import --from "$GOLD/$m.safetensors" --out "$m.pooch" --json
@@ -69,8 +47,4 @@ expect bad_normalize 1 "$RUN" import --from "$GOLD/resnet18_tiny.safetensors" \
 expect gpt_with_depth 1 "$RUN" import --from "$GOLD/lm" --depth 18 --out x.pooch
 if [ -e x.pooch ]; then fail "a refused import wrote x.pooch"; else pass "refused imports wrote nothing"; fi
 
-if [ "$failures" -gt 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all checks passed"
+finish

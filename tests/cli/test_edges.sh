@@ -16,34 +16,8 @@ set -uo pipefail
 
 RUN=${1:?usage: test_edges.sh PATH/TO/pooch-run}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-edges.XXXXXX")
-trap 'chmod -R u+w "$TMP" 2>/dev/null; rm -rf "$TMP"' EXIT
-cd "$TMP" || exit 1
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-# expect NAME WANT_RC CMD...: runs CMD (stdout > NAME.out, stderr > NAME.err).
-expect() {
-  local name=$1 want=$2
-  shift 2
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  if [ "$rc" = "$want" ]; then
-    pass "$name (exit $rc)"
-    return 0
-  fi
-  fail "$name: exit $rc, wanted $want"
-  sed 's/^/    | /' "$name.err" | tail -5
-  return 1
-}
-# contains NAME FILE PATTERN (extended regex)
-contains() {
-  if grep -Eq -- "$3" "$2"; then pass "$1"; else
-    fail "$1: '$3' not in $2"
-    sed 's/^/    | /' "$2" | tail -5
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_scratch edges
 same() {  # same NAME FILE1 FILE2
   if cmp -s "$2" "$3"; then pass "$1"; else fail "$1: $2 differs from $3"; fi
 }
@@ -150,5 +124,4 @@ else
   [ ! -e big.pooch ] && pass "low-memory-writes-no-model" || fail "low-memory-writes-no-model"
 fi
 
-echo "$failures failed"
-[ "$failures" = 0 ]
+finish

@@ -17,13 +17,8 @@ RUN=${1:?usage: test_kill_resume.sh PATH/TO/pooch-run [KILLS] [SEED]}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 KILLS=${2:-10}
 RANDOM=${3:-12}  # seeds bash's generator: the kill moments are fixed
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-kill.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-cd "$TMP" || exit 1
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_scratch kill
 
 # Many short epochs: a checkpoint is written after each, so a kill often
 # lands in or near a write (about 50 ms per epoch, 2 s in all). The plateau
@@ -126,5 +121,4 @@ fi
 leftovers=$(ls | grep -E '\.tmp-[0-9]+' || true)
 [ -z "$leftovers" ] && pass "no temporary files left" || fail "temporary files left: $leftovers"
 
-echo "$failures failed"
-[ "$failures" = 0 ]
+finish

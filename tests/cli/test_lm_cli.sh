@@ -10,32 +10,8 @@ SRC=${2:?usage: test_lm_cli.sh PATH/TO/pooch-run SOURCE_ROOT}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 SRC=$(cd "$SRC" && pwd)
 G=$SRC/tests/golden/lm
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-lm-cli.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-cd "$TMP" || exit 1
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-expect() {
-  local name=$1 want=$2
-  shift 2
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  if [ "$rc" = "$want" ]; then
-    pass "$name (exit $rc)"
-    return 0
-  fi
-  fail "$name: exit $rc, wanted $want"
-  sed 's/^/    | /' "$name.err" | tail -5
-  return 1
-}
-contains() {
-  if grep -Eq -- "$3" "$2"; then pass "$1"; else
-    fail "$1: '$3' not in $2"
-    sed 's/^/    | /' "$2" | tail -5
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_scratch lm-cli
 # The ids transformers gave TEXT in encodings.json (indent 0: one value a line).
 golden_ids() {
   awk -v t="\"text\": \"$1\"," '
@@ -88,8 +64,4 @@ for f in config.json model.safetensors; do
 done
 
 echo
-if [ $failures -gt 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all checks passed"
+finish

@@ -17,32 +17,8 @@ SRC=${2:?usage: test_lm_train_cli.sh PATH/TO/pooch-run SOURCE_ROOT}
 RUN=$(cd "$(dirname "$RUN")" && pwd)/$(basename "$RUN")
 SRC=$(cd "$SRC" && pwd)
 G=$SRC/tests/golden/lm
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/pooch-lm-train.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-cd "$TMP" || exit 1
-
-failures=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; failures=$((failures + 1)); }
-expect() {
-  local name=$1 want=$2
-  shift 2
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  if [ "$rc" = "$want" ]; then
-    pass "$name (exit $rc)"
-    return 0
-  fi
-  fail "$name: exit $rc, wanted $want"
-  sed 's/^/    | /' "$name.err" | tail -5
-  return 1
-}
-contains() {
-  if grep -Eq -- "$3" "$2"; then pass "$1"; else
-    fail "$1: '$3' not in $2"
-    sed 's/^/    | /' "$2" | tail -5
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cli_scratch lm-train
 # A field of the --json line (the last line of stdout).
 field() { tail -n 1 "$1" | python3 -c "import json,sys; print(json.load(sys.stdin)$2)"; }
 
@@ -286,8 +262,4 @@ n=$(head -n 1 sigint.out | wc -w)
   pass "generate-sigint (exit 130 after $n tokens)" || fail "generate-sigint: exit $rc after $n tokens"
 
 echo
-if [ $failures -gt 0 ]; then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all checks passed"
+finish
