@@ -8,10 +8,10 @@
 #include <array>
 #include <climits>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "formats/file_io.h"
 #include "runtime/core/error.h"
+#include "runtime/core/strict_json.h"
 
 namespace pooch::bpe {
 
@@ -158,22 +158,10 @@ Tokenizer Tokenizer::parse(std::string_view vocab_json, std::string_view merges_
   Tokenizer t;
   // vocab.json: an object of token -> id; duplicate keys are refused (the
   // last would silently win), and so are ids given twice.
-  std::vector<std::set<std::string>> keys;
   std::string dup;
-  const json::parser_callback_t note_keys = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (ev == json::parse_event_t::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (ev == json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
-               dup.empty()) {
-      if (!keys.back().insert(parsed.get<std::string>()).second) dup = parsed.get<std::string>();
-    }
-    return true;
-  };
   json j;
   try {
-    j = json::parse(vocab_json.begin(), vocab_json.end(), note_keys);
+    j = parse_json_noting_repeats(vocab_json, &dup);
   } catch (const json::parse_error& e) {
     bad(vocab_name, fmt::format("does not parse as JSON at byte {}: {}", e.byte, e.what()));
   } catch (const json::exception& e) {  // e.g. a number too large for a double

@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "formats/file_check.h"
 #include "formats/file_io.h"
 #include "runtime/core/error.h"
+#include "runtime/core/strict_json.h"
 
 namespace pooch::safetensors {
 
@@ -50,26 +50,12 @@ uint64_t key_offset(std::string_view json_text, const std::string& name) {
   return 8 + (at == std::string_view::npos ? 0 : at);
 }
 
-// nlohmann keeps the last of duplicate keys; a file whose two entries for
-// one tensor disagree must be refused, not read one way by us and another
-// way by someone else.
+// A header that names a tensor twice is refused (runtime/core/strict_json.h).
 json parse_json_strict(std::string_view text, const std::string& source) {
-  std::vector<std::set<std::string>> keys;
   std::string dup;
-  const json::parser_callback_t note_keys = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (ev == json::parse_event_t::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (ev == json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
-               dup.empty()) {
-      if (!keys.back().insert(parsed.get<std::string>()).second) dup = parsed.get<std::string>();
-    }
-    return true;
-  };
   json j;
   try {
-    j = json::parse(text.begin(), text.end(), note_keys);
+    j = parse_json_noting_repeats(text, &dup);
   } catch (const json::parse_error& e) {
     // e.byte counts from 1 within the header; the header starts at file byte 8.
     bad(source, fmt::format("the JSON header (bytes 8 to {}) does not parse at byte {}: {}",

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
+#include "../core/strict_json.h"
 #include "gpt_spec.h"
 
 namespace pooch {
@@ -217,21 +217,9 @@ ModelSpec spec_from_json_unguarded(const std::string& text, const std::string& s
   // JSON allows a key twice in an object and the parser keeps the last, so
   // {"loss": "bce", "loss": "softmax"} would pass for a spec that says one
   // thing: a repeated key is an error, as an unknown one is.
-  std::vector<std::set<std::string>> keys;  // of each object being parsed
   std::string repeated;
-  const json::parser_callback_t note_keys = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (ev == json::parse_event_t::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (ev == json::parse_event_t::key && !keys.empty() && parsed.is_string() &&
-               !keys.back().insert(parsed.get<std::string>()).second && repeated.empty()) {
-      repeated = parsed.get<std::string>();
-    }
-    return true;
-  };
   try {
-    j = json::parse(text, note_keys);
+    j = parse_json_noting_repeats(text, &repeated);
   } catch (const json::parse_error& e) {
     bad(src, fmt::format("not valid JSON (byte {}): {}", e.byte, e.what()));
   } catch (const json::exception& e) {  // e.g. a number too large for a double
