@@ -59,6 +59,51 @@ inline int sm_count() {
   return e != nullptr && e->sm_count > 0 ? e->sm_count : 16;
 }
 
+// The threads of a block, for kernels with no reason to pick another.
+constexpr int kThreads = 256;
+
+// A grid-stride loop: thread i of the grid takes items i, i + the grid's
+// threads, ... below n.
+#define POOCH_GRID_STRIDE(i, n)                                             \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+// Bits needed for the values 0..max_value (a radix sort's end bit).
+inline int bits_for(int64_t max_value) {
+  int b = 1;
+  while (b < 63 && (int64_t{1} << b) <= max_value) ++b;
+  return b;
+}
+
+// The device a launcher runs on: the one in its arguments, else that of the
+// running launch.
+inline const LaunchEnv* launch_env_of(const KernelArgs& a) {
+  return a.device != nullptr ? static_cast<const LaunchEnv*>(a.device) : current_launch_env();
+}
+
+// Runs a CUB (or other) size query on device `e`. False when there is no
+// device to ask (none given, no driver), so the caller falls back to a bound.
+template <class Query>
+bool device_query(const LaunchEnv* e, Query&& q) {
+  if (e == nullptr) return false;
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cur != e->device && cudaSetDevice(e->device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const cudaError_t err = q();
+  if (cur != e->device) (void)cudaSetDevice(cur);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 // Blocks for a grid-stride loop over n items: enough to fill the device a
 // few times over, never more than the items need.
 inline unsigned grid_for(int64_t n, int threads) {

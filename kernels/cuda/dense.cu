@@ -20,8 +20,6 @@ namespace pooch::kern {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 bool fits_int(int64_t v) {
   return v >= 0 && v <= INT_MAX;
 }
@@ -42,9 +40,9 @@ bool cublas_ok(cublasStatus_t st, const char* call) {
 }
 
 // C[m×n] (column-major, ldc) = op(A)·op(B) (+ C when accumulate).
-bool sgemm(const char* op, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
-           int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const float* B,
-           int64_t ldb, bool accumulate, float* C, int64_t ldc) {
+bool sgemm(const char* op, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+           int64_t n, int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb,
+           bool accumulate, float* C, int64_t ldc) {
   if (!fits_int(m) || !fits_int(n) || !fits_int(k) || !fits_int(lda) || !fits_int(ldb) ||
       !fits_int(ldc)) {
     report("%s: a GEMM dimension exceeds 2^31-1 (m=%lld n=%lld k=%lld)", op,
@@ -147,8 +145,8 @@ void linear_grad_weight(const KernelArgs& a) {
     } else {
       cublasHandle_t h = cublas_handle("linear_grad_weight");
       if (!h) return;
-      if (!sgemm("linear_grad_weight", h, CUBLAS_OP_N, CUBLAS_OP_T, I, O, B, x, I, dy, O, false,
-                 dw, I))
+      if (!sgemm("linear_grad_weight", h, CUBLAS_OP_N, CUBLAS_OP_T, I, O, B, x, I, dy, O, false, dw,
+                 I))
         return;
     }
   }
@@ -157,13 +155,11 @@ void linear_grad_weight(const KernelArgs& a) {
 
 // ---- elementwise -----------------------------------------------------------
 
-#define POOCH_GRID_STRIDE(i, n)                                                   \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
 // `x < 0 ? 0 : x` keeps NaN as NaN, as the reference does.
 __global__ void scale_kernel(const float* x, float* y, float s, int64_t n) {
-  POOCH_GRID_STRIDE(i, n) { y[i] = x[i] * s; }
+  POOCH_GRID_STRIDE(i, n) {
+    y[i] = x[i] * s;
+  }
 }
 
 __global__ void relu_kernel(const float* x, float* y, int64_t n) {
@@ -207,8 +203,8 @@ __global__ void dropout_kernel(const float* x, float* y, int64_t n, uint64_t see
   const int64_t nblk = (n + 3) / 4;
   POOCH_GRID_STRIDE(blk, nblk) {
     const uint64_t ub = static_cast<uint64_t>(blk);
-    const Philox4 r = philox4x32_10(static_cast<uint32_t>(ub), static_cast<uint32_t>(ub >> 32),
-                                    key, static_cast<uint32_t>(step), static_cast<uint32_t>(seed),
+    const Philox4 r = philox4x32_10(static_cast<uint32_t>(ub), static_cast<uint32_t>(ub >> 32), key,
+                                    static_cast<uint32_t>(step), static_cast<uint32_t>(seed),
                                     static_cast<uint32_t>(seed >> 32));
     const int64_t i0 = blk * 4;
     const int m = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
@@ -359,8 +355,8 @@ __global__ void layernorm_grad_params_kernel(const float* __restrict__ dy,
                                              const float* __restrict__ x,
                                              const float* __restrict__ mean,
                                              const float* __restrict__ rstd,
-                                             float* __restrict__ dgamma,
-                                             float* __restrict__ dbeta, int64_t B, int64_t D) {
+                                             float* __restrict__ dgamma, float* __restrict__ dbeta,
+                                             int64_t B, int64_t D) {
   __shared__ double pg[8][33], pb[8][33];
   const int64_t d = blockIdx.x * int64_t{32} + threadIdx.x;
   double ag = 0.0, ab = 0.0;
@@ -411,7 +407,7 @@ void layernorm_grad(const KernelArgs& a) {
   const cudaStream_t s = stream_of(a);
   if (B > 0 && D > 0) {
     layernorm_grad_dx_kernel<<<row_blocks(B), kThreads, 0, s>>>(dy, x, gamma, mean, rstd,
-                                                                 a.out[0].as<float>(), B, D);
+                                                                a.out[0].as<float>(), B, D);
     if (!launched("layernorm_grad_dx_kernel")) return;
   }
   if (D > 0) {

@@ -39,7 +39,6 @@ namespace pooch::kern {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int64_t kTopK = 16;
 constexpr int kPartials = 1024;
 // A label's group: 8 lanes, each 4 batch rows of a 32-row chunk.

@@ -25,43 +25,6 @@ namespace pooch::kern {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-#define POOCH_GRID_STRIDE(i, n)                                             \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
-int bits_for(int64_t max_value) {
-  int b = 1;
-  while (b < 63 && (int64_t{1} << b) <= max_value) ++b;
-  return b;
-}
-
-const LaunchEnv* launch_env_of(const KernelArgs& a) {
-  return a.device != nullptr ? static_cast<const LaunchEnv*>(a.device) : current_launch_env();
-}
-
-template <class Query>
-bool device_query(const LaunchEnv* e, Query&& q) {
-  if (e == nullptr) return false;
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (cur != e->device && cudaSetDevice(e->device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const cudaError_t err = q();
-  if (cur != e->device) (void)cudaSetDevice(cur);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
 cublasHandle_t cublas_handle(const char* op) {
   LaunchEnv* e = current_launch_env();
   if (e == nullptr || e->cublas == nullptr) {

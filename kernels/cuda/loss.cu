@@ -22,7 +22,6 @@ namespace pooch::kern {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int64_t kMaxPartials = 1024;
 constexpr int64_t kChunk = 4096;  // elements of one row per block (softmax)
 
@@ -123,10 +122,10 @@ void flat_loss(const KernelArgs& a) {
 // ---- softmax cross-entropy: row statistics ------------------------------------
 
 struct XentLayout {
-  float* pmax;     // [B][chunks]
-  double* psum;    // [B][chunks] Σ exp(x − shift)
-  double* ptsum;   // [B][chunks] Σ t
-  double* prow;    // [B][chunks] Σ t·(lse − x)
+  float* pmax;    // [B][chunks]
+  double* psum;   // [B][chunks] Σ exp(x − shift)
+  double* ptsum;  // [B][chunks] Σ t
+  double* prow;   // [B][chunks] Σ t·(lse − x)
   size_t total;
 };
 
@@ -190,8 +189,8 @@ __device__ __forceinline__ double row_lse(const float* pmax, const double* psum,
 }
 
 // Σ exp(x − shift) and Σ t over the chunk.
-__global__ void xent_sum_kernel(const float* __restrict__ x, const float* __restrict__ t,
-                                int64_t B, int64_t L, const float* __restrict__ pmax,
+__global__ void xent_sum_kernel(const float* __restrict__ x, const float* __restrict__ t, int64_t B,
+                                int64_t L, const float* __restrict__ pmax,
                                 double* __restrict__ psum, double* __restrict__ ptsum) {
   __shared__ double scratch[33];
   const int64_t chunks = gridDim.x;
@@ -213,8 +212,8 @@ __global__ void xent_sum_kernel(const float* __restrict__ x, const float* __rest
 }
 
 // Σ t·(lse − x) over the chunk, the difference formed in double.
-__global__ void xent_row_kernel(const float* __restrict__ x, const float* __restrict__ t,
-                                int64_t B, int64_t L, const float* __restrict__ pmax,
+__global__ void xent_row_kernel(const float* __restrict__ x, const float* __restrict__ t, int64_t B,
+                                int64_t L, const float* __restrict__ pmax,
                                 const double* __restrict__ psum, double* __restrict__ prow) {
   __shared__ double scratch[33];
   const int64_t chunks = gridDim.x;
@@ -234,8 +233,7 @@ bool xent_stats(const float* x, const float* t, int64_t B, int64_t L, const Xent
   const int64_t chunks = chunks_of(L);
   xent_max_kernel<<<chunk_grid(B, chunks), kThreads, 0, s>>>(x, B, L, w.pmax);
   if (!launched("xent_max_kernel")) return false;
-  xent_sum_kernel<<<chunk_grid(B, chunks), kThreads, 0, s>>>(x, t, B, L, w.pmax, w.psum,
-                                                             w.ptsum);
+  xent_sum_kernel<<<chunk_grid(B, chunks), kThreads, 0, s>>>(x, t, B, L, w.pmax, w.psum, w.ptsum);
   return launched("xent_sum_kernel");
 }
 
@@ -1092,7 +1090,8 @@ std::vector<KernelVariant> cuda_loss_kernels() {
       {"mse", "cuda", mse, mse_ws, true, f32_operands},
       {"mse_grad", "cuda", mse_grad, one_double_ws, true, f32_operands},
       {"softmax_xent_index", "cuda", softmax_xent_index, xent_index_ws, true, f32_operands},
-      {"softmax_xent_index_grad", "cuda", softmax_xent_index_grad, one_double_ws, true, f32_operands},
+      {"softmax_xent_index_grad", "cuda", softmax_xent_index_grad, one_double_ws, true,
+       f32_operands},
   };
 }
 

@@ -16,8 +16,6 @@ namespace pooch::kern {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 using Sgd = SgdParams;
 using Adam = AdamParams;
 
@@ -47,10 +45,6 @@ __device__ __forceinline__ void adam_one(const Adam& p, float c, float* w, const
   *v = vi;
   *w = wi + p.neg_step_size * mi / denom;
 }
-
-#define POOCH_GRID_STRIDE(i, n)                                             \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
 
 // sumsq: ‖g‖² on the device when the update clips (null: no clipping).
 __device__ __forceinline__ float clip_factor(const float* sumsq, double max_norm) {

@@ -40,53 +40,11 @@ namespace pooch::kern {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-// Bits needed for the values 0..max_value.
-int bits_for(int64_t max_value) {
-  int b = 1;
-  while (b < 63 && (int64_t{1} << b) <= max_value) ++b;
-  return b;
-}
-
 // The device a workspace function sizes for: the one the call is planned on
 // (KernelArgs::device), or none (null: the caller returns a bound).
 const LaunchEnv* planned_env(const KernelArgs& a) {
   return static_cast<const LaunchEnv*>(a.device);
 }
-
-// The device a launcher runs on: the one in its arguments, else that of the
-// running launch.
-const LaunchEnv* launch_env_of(const KernelArgs& a) {
-  return a.device != nullptr ? static_cast<const LaunchEnv*>(a.device) : current_launch_env();
-}
-
-// Runs a CUB (or other) size query on device `e`. False when there is no
-// device to ask (none given, no driver), so the caller falls back to a bound.
-template <class Query>
-bool device_query(const LaunchEnv* e, Query&& q) {
-  if (e == nullptr) return false;
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (cur != e->device && cudaSetDevice(e->device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const cudaError_t err = q();
-  if (cur != e->device) (void)cudaSetDevice(cur);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
-#define POOCH_GRID_STRIDE(i, n)                                             \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += int64_t{gridDim.x} * blockDim.x)
 
 __global__ void iota_kernel(int32_t* out, int64_t n) {
   POOCH_GRID_STRIDE(i, n) out[i] = static_cast<int32_t>(i);
