@@ -119,6 +119,12 @@ struct KernelArgs {
   int n_in = 0;
   int n_out = 0;
   KernelAttrs attrs;
+  // Scratch of at least workspace(args) bytes. The executor places it at the
+  // backend's alignment (BackendCaps::alignment, 256 bytes on the CPU), and
+  // kernels lay vectors out from its start: a caller of its own (a
+  // benchmark, a checker) gives it the same alignment, or the kernels still
+  // compute the same bits, only slower (the fused fixed fan-in step 20%, its
+  // rows straddling cache lines).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   const KernelContext* ctx = nullptr;
