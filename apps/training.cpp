@@ -48,6 +48,8 @@ bool read_file_limited(const std::string& path, std::string* text,
 
 // The first key that appears twice in one object of `text` ("" if none, or
 // if the text is not JSON: the library says what is wrong with it then).
+// The library's readers have the same check (runtime/core/strict_json.h),
+// which pooch-run, built on the C API alone, does not link.
 std::string repeated_key(const std::string& text) {
   std::vector<std::set<std::string>> keys;
   std::string repeated;
