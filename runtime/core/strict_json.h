@@ -2,8 +2,8 @@
 // grammar allows it and nlohmann::json keeps the last value, so a file that
 // says two things ({"loss": "bce", "loss": "softmax"}, or two entries for one
 // tensor) would be read one way by us and maybe another by someone else:
-// every reader of user files (model specs, safetensors headers, vocab.json,
-// run logs) refuses such a file, each with its own message.
+// the readers of user files (model specs, safetensors headers, vocab.json)
+// refuse such a file, each with its own message.
 #pragma once
 
 #include <nlohmann/json.hpp>

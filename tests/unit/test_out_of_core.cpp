@@ -436,8 +436,8 @@ TEST(OutOfCore, AutoDoesNotBetOnPagingThatIsSlowerAtTheEstimate) {
 // The session's own replan from its measured steps is off: every paging here
 // comes from a profile the test names. With it on, the replan from this
 // machine's measured times (four steps in, after the cold one) came between
-// the named ones, and under ASan on a slower machine it had already paged
-// as little as compute 30 times slower asks, so that plan moved nothing.
+// the named ones, and under ASan on CI's machine it had already paged as
+// little as compute 30 times slower asks, so that plan moved nothing.
 TEST(OutOfCore, ReplanningThePagingMovesTheTensorsAndTrainsBitForBit) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
