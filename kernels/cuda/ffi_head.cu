@@ -169,27 +169,39 @@ __global__ void lse_ranges(Layer y, int64_t ranges, double* shifts, double* sums
     s += exp(double(logit(y, l, r)) - shift);
   s = block_sum(s, scratch);
   if (threadIdx.x != 0) return;
-  shifts[r * ranges + rs] = shift;
+  // A range whose largest logit is +inf keeps that as its shift, so that the
+  // merge gives the row +inf, as the CPU kernel and the reference do (its
+  // sum, taken at a shift of 0, is inf or NaN).
+  shifts[r * ranges + rs] = mx == INFINITY ? mx : shift;
   sums[r * ranges + rs] = s;
 }
 
-// lse[r] from its ranges (a thread per row, the ranges in order): the
-// largest shift of a range with a positive sum, M, and M + log Σ sum·exp(shift
-// − M). No such range: log 0 = −inf; a NaN or infinite sum carries through.
+// lse[r] from its ranges (a thread per row, the ranges in order): +inf where
+// a range's largest logit is +inf; else the largest shift of a range with a
+// positive sum, M, and M + log Σ sum·exp(shift − M). No such range: log 0 =
+// −inf; a NaN sum carries through. The grid may hold fewer threads than rows
+// (grid_for caps it): each takes every grid-th row.
 __global__ void lse_merge(int64_t rows, int64_t ranges, const double* shifts, const double* sums,
                           double* lse) {
-  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r >= rows) return;
-  const double* sh = shifts + r * ranges;
-  const double* su = sums + r * ranges;
-  double top = -INFINITY;
-  for (int64_t i = 0; i < ranges; ++i)
-    if (su[i] > 0) top = fmax(top, sh[i]);
-  if (!isfinite(top)) top = 0;
-  double total = 0;
-  for (int64_t i = 0; i < ranges; ++i)
-    if (su[i] != 0) total += su[i] * exp(sh[i] - top);  // an empty range adds no 0·inf
-  lse[r] = top + log(total);
+  POOCH_GRID_STRIDE(r, rows) {
+    const double* sh = shifts + r * ranges;
+    const double* su = sums + r * ranges;
+    double top = -INFINITY;
+    bool infinite = false;
+    for (int64_t i = 0; i < ranges; ++i) {
+      infinite = infinite || sh[i] == INFINITY;
+      if (su[i] > 0) top = fmax(top, sh[i]);
+    }
+    if (infinite) {
+      lse[r] = INFINITY;
+      continue;
+    }
+    if (!isfinite(top)) top = 0;
+    double total = 0;
+    for (int64_t i = 0; i < ranges; ++i)
+      if (su[i] != 0) total += su[i] * exp(sh[i] - top);  // an empty range adds no 0·inf
+    lse[r] = top + log(total);
+  }
 }
 
 // A logit's part of the loss sum: its term (bce, squared hinge), or for
@@ -265,7 +277,9 @@ __global__ void loss_total(const double* partial, int n, const double* lse, cons
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   double s = 0;
   for (int i = 0; i < n; ++i) s += partial[i];
-  for (int64_t r = 0; r < lse_rows; ++r) s += double(lptr[r + 1] - lptr[r]) * lse[r];
+  // Only rows with targets: 0·lse would be NaN where lse is not finite.
+  for (int64_t r = 0; r < lse_rows; ++r)
+    if (lptr[r + 1] > lptr[r]) s += double(lptr[r + 1] - lptr[r]) * lse[r];
   *out = batch > 0 ? float(s / double(batch)) : 0.0f;
 }
 
@@ -434,23 +448,24 @@ __global__ void topk_ranges(Layer y, int k, int64_t splits, float* cand_v, int32
   cand_n[at] = m;
 }
 
-// Row r (a thread each): its ranges' candidates merged into its top k.
+// Row r (a thread each, every grid-th row where the grid is capped): its
+// ranges' candidates merged into its top k.
 __global__ void topk_merge(int64_t rows, int k, int64_t splits, const float* cand_v,
                            const int32_t* cand_i, const int* cand_n, float* values,
                            int32_t* indices) {
-  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r >= rows) return;
-  float best_v[kTopK];
-  int32_t best_i[kTopK];
-  int m = 0;
-  for (int64_t s = 0; s < splits; ++s) {
-    const int64_t at = r * splits + s;
-    for (int j = 0; j < cand_n[at]; ++j)
-      insert(cand_v[at * k + j], cand_i[at * k + j], best_v, best_i, m, k);
-  }
-  for (int j = 0; j < m; ++j) {
-    values[r * k + j] = best_v[j];
-    indices[r * k + j] = best_i[j];
+  POOCH_GRID_STRIDE(r, rows) {
+    float best_v[kTopK];
+    int32_t best_i[kTopK];
+    int m = 0;
+    for (int64_t s = 0; s < splits; ++s) {
+      const int64_t at = r * splits + s;
+      for (int j = 0; j < cand_n[at]; ++j)
+        insert(cand_v[at * k + j], cand_i[at * k + j], best_v, best_i, m, k);
+    }
+    for (int j = 0; j < m; ++j) {
+      values[r * k + j] = best_v[j];
+      indices[r * k + j] = best_i[j];
+    }
   }
 }
 

@@ -136,6 +136,34 @@ void loss_cases(Rng& rng, std::vector<OpCase>& out) {
     g.label = c.label + " scale=0.37 with_loss";
     out.push_back(std::move(g));
   }
+  // Softmax over a row whose log-sum-exp is +inf: one label's logit is +inf
+  // (in the first of the CUDA kernels' label ranges), another's 800 (in the
+  // last; e^-800 is 0 in double, so scaling the first range's infinite sum to
+  // the second's shift would make inf·0). Rows with targets (none of them
+  // those two labels) add lse − x = +inf; every third row has none and must
+  // add nothing (0·inf is NaN): the loss is +inf, not NaN.
+  {
+    const Dims d{9, 16, 20000, 4, u16};
+    std::vector<HostTensor> in = layer(rng, d);
+    in[3].values[11] = INFINITY;
+    in[3].values[15000] = 800.0;
+    std::vector<double> ptr{0.0}, idx;
+    for (int64_t r = 0; r < d.B; ++r) {
+      if (r % 3 != 1) idx.push_back(static_cast<double>(20 + r));
+      ptr.push_back(static_cast<double>(idx.size()));
+    }
+    const auto m = static_cast<int64_t>(idx.size());
+    in.push_back(HostTensor{DType::i32, {d.B + 1}, std::move(ptr), "lptr"});
+    in.push_back(HostTensor{DType::i32, {m}, std::move(idx), "lidx"});
+    OpCase c;
+    c.op = "ffi_loss";
+    c.attrs = Attrs{{"loss", 2.0}};
+    c.inputs = std::move(in);
+    c.rtol = 1e-4;
+    c.atol = 1e-5;
+    c.label = label_of(d) + " softmax, lse +inf, rows without targets";
+    out.push_back(std::move(c));
+  }
 }
 
 OpCase topk_case(std::vector<HostTensor> in, int64_t k, std::string label) {
