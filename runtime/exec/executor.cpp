@@ -82,8 +82,28 @@ void Executor::step(const BoundSchedule& b, const ScheduleStep& st) {
   }
 }
 
+namespace {
+// Runs `queue`; where it throws, first waits for every stream (a copy still
+// running would write into the host pool or the arena after the caller has
+// moved on: backend.h, sync_all), then passes the error on.
+template <class F>
+void settled(Backend& backend, F&& queue) {
+  try {
+    queue();
+  } catch (...) {
+    try {
+      backend.sync_all();
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
+  }
+}
+}  // namespace
+
 void Executor::run(const BoundSchedule& b) {
-  for (const ScheduleStep& st : b.schedule->steps) step(b, st);
+  settled(backend_, [&] {
+    for (const ScheduleStep& st : b.schedule->steps) step(b, st);
+  });
   backend_.sync_all();
 }
 
@@ -107,25 +127,27 @@ StepTimes Executor::run_timed(const BoundSchedule& b) {
   // Copy i's events are copy_timers_[2i] and [2i + 1].
   while (copy_timers_.size() < 2 * s.copies.size())
     copy_timers_.push_back(backend_.event_create_timed());
-  for (const ScheduleStep& st : s.steps) {
-    if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) {
-      const auto k = 2 * static_cast<size_t>(st.index);
-      backend_.event_record(st.stream, copy_timers_[k]);
+  settled(backend_, [&] {
+    for (const ScheduleStep& st : s.steps) {
+      if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) {
+        const auto k = 2 * static_cast<size_t>(st.index);
+        backend_.event_record(st.stream, copy_timers_[k]);
+        step(b, st);
+        backend_.event_record(st.stream, copy_timers_[k + 1]);
+        continue;
+      }
+      if (st.kind != StepKind::launch) {
+        step(b, st);
+        continue;
+      }
+      backend_.event_record(st.stream, timer_start_);
       step(b, st);
-      backend_.event_record(st.stream, copy_timers_[k + 1]);
-      continue;
+      backend_.event_record(st.stream, timer_end_);
+      backend_.stream_sync(st.stream);
+      t.launch_seconds[static_cast<size_t>(st.index)] =
+          backend_.event_elapsed(timer_start_, timer_end_);
     }
-    if (st.kind != StepKind::launch) {
-      step(b, st);
-      continue;
-    }
-    backend_.event_record(st.stream, timer_start_);
-    step(b, st);
-    backend_.event_record(st.stream, timer_end_);
-    backend_.stream_sync(st.stream);
-    t.launch_seconds[static_cast<size_t>(st.index)] =
-        backend_.event_elapsed(timer_start_, timer_end_);
-  }
+  });
   backend_.sync_all();
   for (const ScheduleStep& st : s.steps)
     if (st.kind == StepKind::copy_in || st.kind == StepKind::copy_out) {

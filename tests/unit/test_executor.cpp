@@ -7,6 +7,7 @@
 #include <new>
 
 #include "formats/xmc_data.h"
+#include "runtime/backend/backend.h"
 #include "runtime/core/autodiff.h"
 #include "runtime/core/error.h"
 #include "runtime/exec/executor.h"
@@ -65,6 +66,35 @@ ModelSpec small_spec() {
 }
 
 }  // namespace
+
+// A run whose step fails returns (throwing) only once every stream is idle,
+// so that no copy writes into the host pool or the arena after the caller
+// has moved on. Here a copy over an emulated link with a latency of 0.2 s is
+// followed on its stream by one that marks the host pool, then a record on
+// a stream that does not exist fails: the mark is there when run() throws.
+TEST(Executor, AFailedStepWaitsForTheCopiesBeforeItThrows) {
+  CpuBackendParams p;
+  p.link_latency = 0.2;
+  const std::unique_ptr<Backend> backend = make_cpu_backend(p);
+  Executor ex(*backend, 4096, 4096);
+  const uint32_t mark = 0x600dcafe;
+  ex.write(1024, &mark, sizeof mark);
+  Schedule s;
+  ScheduledCopy slow;
+  slow.bytes = 256;
+  s.add_copy(StepKind::copy_out, Stream::d2h, slow);
+  ScheduledCopy marker;
+  marker.device_offset = 1024;
+  marker.host_offset = 2048;
+  marker.bytes = sizeof mark;
+  s.add_copy(StepKind::copy_out, Stream::d2h, marker);
+  s.steps.push_back({StepKind::record, static_cast<Stream>(7), s.add_event()});
+  const BoundSchedule b = ex.bind(s, nullptr);
+  EXPECT_THROW(ex.run(b), Error);
+  uint32_t got = 0;
+  std::memcpy(&got, ex.host_pool() + 2048, sizeof got);
+  EXPECT_EQ(got, mark) << "run() threw while a copy was still queued";
+}
 
 TEST(Executor, NoAllocationDuringSteps) {
   PlantedParams pp;
