@@ -21,6 +21,8 @@ std::unique_ptr<Backend> make_backend(DeviceKind kind, const BackendParams& p, B
       CudaBackendParams cp;
       cp.device_budget = p.device_budget;
       cp.threads = p.threads;
+      cp.warn = note;
+      cp.warn_user = note_user;
       return make_cuda_backend(cp);
     }
 #else

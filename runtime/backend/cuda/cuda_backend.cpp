@@ -185,8 +185,8 @@ class CudaBackend final : public Backend {
   bool budget_from_free_ = false;
   size_t cublas_ws_ = 0;  // cuBLAS workspace, allocated with the arena, after it
   int threads_ = 1;
-  pooch_log_fn log_ = nullptr;
-  void* log_user_ = nullptr;
+  void (*warn_)(void* user, const char* line) = nullptr;
+  void* warn_user_ = nullptr;
 
   bool arena_reserved_ = false;
   std::byte* arena_ = nullptr;          // the one cudaMalloc: arena, then cuBLAS's workspace
@@ -212,7 +212,7 @@ class CudaBackend final : public Backend {
 };
 
 CudaBackend::CudaBackend(const CudaBackendParams& p)
-    : device_(p.device), budget_(p.device_budget), log_(p.log), log_user_(p.log_user) {
+    : device_(p.device), budget_(p.device_budget), warn_(p.warn), warn_user_(p.warn_user) {
   if (p.threads < 0)
     throw Error(POOCH_ERR_INVALID_ARG,
                 fmt::format("cuda backend: threads is {}; pass a positive count, or 0 for all "
@@ -294,8 +294,8 @@ void CudaBackend::release() noexcept {
 }
 
 void CudaBackend::warn(const std::string& message) const {
-  if (log_)
-    log_(log_user_, POOCH_LOG_WARN, message.c_str());
+  if (warn_)
+    warn_(warn_user_, ("warning: " + message).c_str());
   else
     std::fprintf(stderr, "pooch: warning: %s\n", message.c_str());
 }
@@ -525,6 +525,12 @@ void CudaBackend::copy_async(Stream s, void* dst, const void* src, size_t n) {
   }
   if (n == 0 || pending_[i].failed) return;
   bind();
+  // From a pageable pool the driver may read the source as the call is made,
+  // before this stream's earlier waits are met (a host kernel's output, which
+  // it writes later on CUDA's own thread): the stream finishes first.
+  // Pinned memory is read in stream order.
+  const auto* from = static_cast<const std::byte*>(src);
+  if (!pool_pinned_ && pool_ && from >= pool_ && from < pool_ + pool_bytes_) stream_sync(s);
   const cudaError_t err = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[i]);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -582,6 +588,17 @@ void CudaBackend::launch(Stream s, const kern::KernelVariant& k, const kern::Ker
       return;
     }
     bound_stream_ = i;
+  }
+  // An error pending before this launcher runs is an earlier kernel's (a
+  // fault in one surfaces at the next call), not this one's.
+  if (const cudaError_t before = cudaPeekAtLastError(); before != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(i, POOCH_ERR_INTERNAL,
+         fmt::format("before kernel '{}' on the {} stream, an earlier kernel on this device "
+                     "failed: {} (a fault such as an illegal address leaves the device unusable "
+                     "until the process restarts; compute-sanitizer finds the kernel)",
+                     k.op ? k.op : "?", stream_name(i), cuda_error(before)));
+    return;
   }
   kern::KernelArgs a = args;  // a copy on the stack: the launcher runs now
   a.stream = streams_[i];

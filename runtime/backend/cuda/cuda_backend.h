@@ -32,10 +32,11 @@ struct CudaBackendParams {
   size_t device_budget = 0;  // device bytes the backend may take (arena plus cuBLAS's
                              // workspace); 0: the free memory at construction minus a margin
   int threads = 0;           // host threads for KernelContext::threads; 0: all cores
-  // Warnings (e.g. pinned memory unavailable, pageable memory used instead).
-  // Null: they go to stderr.
-  pooch_log_fn log = nullptr;
-  void* log_user = nullptr;
+  // Warnings (e.g. pinned memory unavailable, pageable memory used instead),
+  // one line each, to the session's note (the application's log, through
+  // the C API). Null: they go to stderr.
+  void (*warn)(void* user, const char* line) = nullptr;
+  void* warn_user = nullptr;
 };
 
 // Whether a usable CUDA device `device` is present: a driver, the device,
