@@ -17,20 +17,27 @@ struct Philox4 {
   uint32_t v[4];
 };
 
+// One of Philox4x32-10's rounds on a counter (c0..c3) under key (k0, k1);
+// the caller bumps the key by kPhiloxW0/W1 between rounds. Shared by the
+// one-block form below and the CPU dropout's 16-lane form.
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+POOCH_HD void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0,
+                           uint32_t k1) {
+  const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0;
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2;
+  c0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+  c1 = static_cast<uint32_t>(p1);
+  c2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+  c3 = static_cast<uint32_t>(p0);
+}
+
 POOCH_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
                                uint32_t k1) {
-  const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   for (int r = 0; r < 10; ++r) {
-    const uint64_t p0 = static_cast<uint64_t>(M0) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(M1) * c2;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += W0;
-    k1 += W1;
+    philox_round(c0, c1, c2, c3, k0, k1);
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
   }
   return Philox4{{c0, c1, c2, c3}};
 }

@@ -253,7 +253,6 @@ void gelu_grad(const KernelArgs& a) {
 constexpr int kPhiloxLanes = 16;
 POOCH_VEC_CLONES void philox_lanes(uint64_t first, uint32_t key, uint64_t step, uint64_t seed,
                                    uint32_t (&words)[4 * kPhiloxLanes]) {
-  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
   for (int l = 0; l < kPhiloxLanes; ++l) {
     const uint64_t b = first + static_cast<uint64_t>(l);
@@ -265,18 +264,9 @@ POOCH_VEC_CLONES void philox_lanes(uint64_t first, uint32_t key, uint64_t step, 
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
   for (int r = 0; r < 10; ++r) {
 #pragma omp simd
-    for (int l = 0; l < kPhiloxLanes; ++l) {
-      const uint64_t p0 = static_cast<uint64_t>(M0) * c0[l];
-      const uint64_t p1 = static_cast<uint64_t>(M1) * c2[l];
-      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0;
-      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
-      c1[l] = static_cast<uint32_t>(p1);
-      c3[l] = static_cast<uint32_t>(p0);
-      c0[l] = n0;
-      c2[l] = n2;
-    }
-    k0 += W0;
-    k1 += W1;
+    for (int l = 0; l < kPhiloxLanes; ++l) philox_round(c0[l], c1[l], c2[l], c3[l], k0, k1);
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
   }
   for (int l = 0; l < kPhiloxLanes; ++l) {
     words[4 * l] = c0[l];
