@@ -35,9 +35,8 @@ class Executor {
   void run(const BoundSchedule& b);
   // The same, timing each launch and copy between two timed events recorded
   // around it on its stream: the device's own clock, without the host's
-  // launch and synchronisation overhead (the profiler's run). Launches run
-  // one at a time, so each time is its own; copies run beside them, as in a
-  // step.
+  // synchronisation (the profiler's run). Everything is queued as in a step;
+  // a stream runs one thing at a time, so each time is its own.
   StepTimes run_timed(const BoundSchedule& b);
 
   // Synchronous copies between host memory and an arena offset.
@@ -58,8 +57,8 @@ class Executor {
   Backend& backend_;
   size_t arena_bytes_ = 0;
   size_t host_bytes_ = 0;
-  EventId timer_start_ = -1, timer_end_ = -1;  // run_timed's, made on its first call
-  std::vector<EventId> copy_timers_;           // run_timed's, two a copy, made as needed
+  std::vector<EventId> launch_timers_;  // run_timed's, two a launch, made as needed
+  std::vector<EventId> copy_timers_;    // run_timed's, two a copy, made as needed
 };
 
 }  // namespace pooch

@@ -150,8 +150,8 @@ class Session {
   // simulated 5-13% over their steps.
   void run(ProgramKind p);
   static constexpr size_t kMeasuredSteps = 3;
-  // Runs one real train step a launch at a time, timing each launch and
-  // copy. The measured profile is each node's median over this and the
+  // Runs one real train step, timing each launch and copy on its stream
+  // (Executor::run_timed). The measured profile is each node's median over this and the
   // earlier profiled steps (the last kProfileRuns), so calling it several
   // times steadies it. A step out of core is then planned again from the
   // measured times (the arena and host pool it took stay).

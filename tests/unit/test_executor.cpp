@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #include "formats/xmc_data.h"
 #include "runtime/backend/backend.h"
@@ -94,6 +96,49 @@ TEST(Executor, AFailedStepWaitsForTheCopiesBeforeItThrows) {
   uint32_t got = 0;
   std::memcpy(&got, ex.host_pool() + 2048, sizeof got);
   EXPECT_EQ(got, mark) << "run() threw while a copy was still queued";
+}
+
+namespace {
+// Sleeps for its attribute "ms" milliseconds: a launch of a known length.
+void sleep_ms(const kern::KernelArgs& a) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(a.attrs.geti("ms", 0)));
+}
+const kern::KernelVariant kSleepMs{"test_sleep_ms", "test", sleep_ms, nullptr, true};
+}  // namespace
+
+// The profiler's run times every launch and copy by itself, although it
+// queues them all as a step does: a launch's time is not the launches'
+// before it, nor the copy running beside it.
+TEST(Executor, ATimedRunTimesEachLaunchAndCopyByItself) {
+  CpuBackendParams p;
+  p.link_latency = 0.15;
+  const std::unique_ptr<Backend> backend = make_cpu_backend(p);
+  Executor ex(*backend, 4096, 4096);
+  Schedule s;
+  ScheduledCopy out;
+  out.bytes = 256;
+  s.add_copy(StepKind::copy_out, Stream::d2h, out);
+  for (const int ms : {200, 20, 20}) {
+    Launch l;
+    l.kernel = &kSleepMs;
+    ASSERT_TRUE(l.args.attrs.set("ms", ms));
+    s.add_launch(l);
+  }
+  const BoundSchedule b = ex.bind(s, nullptr);
+  for (int run = 0; run < 2; ++run) {  // the events are made once and reused
+    const StepTimes t = ex.run_timed(b);
+    ASSERT_EQ(t.launch_seconds.size(), 3u);
+    ASSERT_EQ(t.copy_seconds.size(), 1u);
+    EXPECT_GE(t.launch_seconds[0], 0.2);
+    // Upper bounds far from the sleeps, so a loaded machine passes, yet
+    // below what the launch before (0.2 s) or the copy (0.15 s) would add.
+    for (int i = 1; i < 3; ++i) {
+      EXPECT_GE(t.launch_seconds[i], 0.02) << "launch " << i;
+      EXPECT_LT(t.launch_seconds[i], 0.14) << "launch " << i;
+    }
+    EXPECT_GE(t.copy_seconds[0], 0.15);
+    EXPECT_LT(t.copy_seconds[0], 0.35);
+  }
 }
 
 TEST(Executor, NoAllocationDuringSteps) {

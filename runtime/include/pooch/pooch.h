@@ -284,9 +284,9 @@ typedef enum pooch_program {
 } pooch_program;
 
 /* Runs one program on the inputs set last. Out of core, the second to the
- * fourth train step of a session run a launch at a time, timed, and the step
- * is then planned again from their times (the first runs cold and is not
- * timed; docs/PLANNER.md): those three steps take longer than the ones after. */
+ * fourth train step of a session are timed launch by launch, and the step is
+ * then planned again from their times (the first runs cold and is not timed;
+ * docs/PLANNER.md). */
 POOCH_API pooch_status pooch_session_run(pooch_session* s, pooch_program program);
 /* Copies an output computed by the last run; `bytes` must be its full size
  * (pooch_model_output_info). */
@@ -347,7 +347,7 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
 POOCH_API pooch_status pooch_session_plan_json(const pooch_session* s, char** json_out);
 
 /* Profiles the train step: runs ONE REAL TRAINING STEP (the weights and the
- * optimizer state are updated) on the inputs set last, a launch at a time,
+ * optimizer state are updated) on the inputs set last,
  * each launch and copy timed on the device's clock (CUDA events; the CPU
  * backend's stream threads' clock); the step is then planned again from the
  * measured times (pooch_session_plan_json shows the new plan; under auto,
