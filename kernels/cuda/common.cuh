@@ -116,6 +116,14 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// Blocks of a deterministic flat reduction over n items (each block writes a
+// partial sum, one block then adds them in index order): a function of n
+// alone, never of the device, so the bits are the same on every card.
+inline constexpr int64_t kMaxPartials = 1024;
+inline int64_t partial_blocks(int64_t n) {
+  return std::max<int64_t>(1, std::min(kMaxPartials, ceil_div(n, int64_t{kThreads} * 16)));
+}
+
 inline size_t align_up(size_t x, size_t a = 256) {
   return (x + a - 1) / a * a;
 }

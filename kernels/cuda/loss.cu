@@ -22,7 +22,6 @@ namespace pooch::kern {
 namespace cuda {
 namespace {
 
-constexpr int64_t kMaxPartials = 1024;
 constexpr int64_t kChunk = 4096;  // elements of one row per block (softmax)
 
 // x[..., L] as [b, L]: every dimension but the last counts rows (the
@@ -61,11 +60,6 @@ __device__ __forceinline__ float sigmoid(float x) {
 }
 
 enum class Kind { bce, hinge };
-
-// Blocks for a flat reduction over n elements: a function of n alone.
-int64_t partial_blocks(int64_t n) {
-  return std::max<int64_t>(1, std::min(kMaxPartials, ceil_div(n, int64_t{kThreads} * 16)));
-}
 
 template <Kind K>
 __global__ void flat_partials_kernel(const float* __restrict__ x, const float* __restrict__ t,

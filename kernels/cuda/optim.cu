@@ -63,13 +63,25 @@ __global__ void adam_kernel(Adam p, const float* sumsq, double max_norm, float* 
   POOCH_GRID_STRIDE(i, n) adam_one(p, c, w + i, g + i, m + i, v + i);
 }
 
-// out = acc + Σ g² in one block: each thread sums a strided share in double,
-// then block_sum's fixed tree (deterministic, no atomics).
-__global__ void grad_sumsq_kernel(const float* g, int64_t n, const float* acc, float* out) {
+// out = acc + Σ g², deterministic without atomics: partial_blocks(n) blocks
+// each sum a grid-stride share in double (block_sum's fixed tree) into the
+// workspace, then one block adds the partials in index order. (One block
+// over the whole gradient, as at first, read a 500 MB gradient at one SM's
+// bandwidth: milliseconds a step.)
+__global__ void grad_sumsq_partials_kernel(const float* __restrict__ g, int64_t n,
+                                           double* __restrict__ partial) {
   __shared__ double scratch[33];
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  POOCH_GRID_STRIDE(i, n) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void grad_sumsq_finish_kernel(const double* __restrict__ partial, int64_t blocks,
+                                         const float* acc, float* out) {
+  __shared__ double scratch[33];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) out[0] = static_cast<float>((acc ? static_cast<double>(*acc) : 0.0) + s);
 }
@@ -127,12 +139,21 @@ void adam_dense(const KernelArgs& a) {
   launched("adam_kernel");
 }
 
+size_t grad_sumsq_ws(const KernelArgs& a) {
+  return static_cast<size_t>(partial_blocks(a.in[0].numel())) * sizeof(double);
+}
+
 void grad_sumsq(const KernelArgs& a) {
   if (!f32_only(a, "grad_sumsq")) return;
-  grad_sumsq_kernel<<<1, 1024, 0, stream_of(a)>>>(a.in[0].as<const float>(), a.in[0].numel(),
-                                                  a.n_in > 1 ? a.in[1].as<const float>() : nullptr,
-                                                  a.out[0].as<float>());
-  launched("grad_sumsq_kernel");
+  const int64_t n = a.in[0].numel(), blocks = partial_blocks(n);
+  auto* partial = static_cast<double*>(a.workspace);
+  const cudaStream_t s = stream_of(a);
+  grad_sumsq_partials_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+      a.in[0].as<const float>(), n, partial);
+  if (!launched("grad_sumsq_partials_kernel")) return;
+  grad_sumsq_finish_kernel<<<1, kThreads, 0, s>>>(
+      partial, blocks, a.n_in > 1 ? a.in[1].as<const float>() : nullptr, a.out[0].as<float>());
+  launched("grad_sumsq_finish_kernel");
 }
 
 struct RowsShape {
@@ -174,7 +195,7 @@ void adam_rows(const KernelArgs& a) {
 std::vector<KernelVariant> cuda_optim_kernels() {
   using namespace cuda;
   return {
-      {"grad_sumsq", "cuda", grad_sumsq, nullptr, true, f32_operands},
+      {"grad_sumsq", "cuda", grad_sumsq, grad_sumsq_ws, true, f32_operands},
       {"sgd_update", "cuda", sgd_dense, nullptr, true, f32_operands},
       {"adam_update", "cuda", adam_dense, nullptr, true, f32_operands},
       {"sgd_update_rows", "cuda", sgd_rows, nullptr, true, f32_operands},
