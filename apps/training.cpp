@@ -393,20 +393,9 @@ int fit_max_nnz(pooch_model* m, std::initializer_list<const pooch_dataset*> sets
   int64_t have = spec.value("max_nnz", int64_t{0});
   if (have == 0) have = batch * 64;
   int64_t need = 0;
-  for (const pooch_dataset* ds : sets) {
-    if (!ds || pooch_dataset_is_dense(ds)) continue;
-    const Shape sh = shape_of(ds);
-    pooch_batch all{};
-    if (sh.rows == 0 || pooch_dataset_batch(ds, 0, sh.rows, &all) != POOCH_OK) continue;
-    std::vector<int64_t> nnz(static_cast<size_t>(all.rows));
-    for (int64_t r = 0; r < all.rows; ++r) nnz[r] = all.row_ptr[r + 1] - all.row_ptr[r];
-    const size_t k = static_cast<size_t>(std::min<int64_t>(batch, all.rows));
-    std::partial_sort(nnz.begin(), nnz.begin() + static_cast<std::ptrdiff_t>(k), nnz.end(),
-                      std::greater<>());
-    int64_t sum = 0;
-    for (size_t i = 0; i < k; ++i) sum += nnz[i];
-    need = std::max(need, sum);
-  }
+  for (const pooch_dataset* ds : sets)
+    if (ds && !pooch_dataset_is_dense(ds))
+      need = std::max(need, pooch_dataset_max_batch_nnz(ds, batch));
   if (need <= have) return kOk;
   if (pooch_status st = pooch_model_set_run_shape(m, 0, need, 0))
     return out.fail(st, "setting max_nnz to " + std::to_string(need));

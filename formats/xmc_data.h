@@ -45,4 +45,9 @@ XmcDataset take_rows(const XmcDataset& d, const std::vector<int64_t>& rows);
 void split_rows(const XmcDataset& d, int64_t held_out, uint64_t seed, XmcDataset& rest,
                 XmcDataset& held);
 
+// The most entries `rows` rows of a CSR array hold together (`ptr` its rows + 1
+// offsets: row_ptr for the nonzeros, label_ptr for the labels): what a batch
+// of that many rows may need at most. 0 for no rows.
+int64_t most_in_rows(const std::vector<int64_t>& ptr, int64_t rows);
+
 }  // namespace pooch

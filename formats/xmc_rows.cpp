@@ -1,6 +1,8 @@
 // Row subsets of an XMC data set: the validation part pooch-run train holds
-// out of the training set for its learning-rate and stopping decisions.
+// out of the training set for its learning-rate and stopping decisions; the
+// most a batch of rows can hold.
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -52,6 +54,15 @@ void split_rows(const XmcDataset& d, int64_t held_out, uint64_t seed, XmcDataset
   for (int64_t r = 0; r < n; ++r) (is_held[static_cast<size_t>(r)] ? b : a).push_back(r);
   rest = take_rows(d, a);
   held = take_rows(d, b);
+}
+
+int64_t most_in_rows(const std::vector<int64_t>& ptr, int64_t rows) {
+  if (ptr.size() < 2 || rows <= 0) return 0;
+  std::vector<int64_t> len(ptr.size() - 1);
+  for (size_t r = 0; r < len.size(); ++r) len[r] = ptr[r + 1] - ptr[r];
+  const auto n = static_cast<std::ptrdiff_t>(std::min(static_cast<size_t>(rows), len.size()));
+  std::partial_sort(len.begin(), len.begin() + n, len.end(), std::greater<>());
+  return std::accumulate(len.begin(), len.begin() + n, int64_t{0});
 }
 
 }  // namespace pooch

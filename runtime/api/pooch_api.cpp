@@ -957,31 +957,11 @@ pooch_status pooch_dataset_split(const pooch_dataset* ds, int64_t held_out, uint
 }
 
 int64_t pooch_dataset_max_batch_nnz(const pooch_dataset* ds, int64_t batch_size) {
-  if (!ds || batch_size <= 0) return 0;
-  const auto& rp = ds->data.row_ptr;
-  if (rp.size() < 2) return 0;
-  std::vector<int64_t> len(rp.size() - 1);
-  for (size_t r = 0; r + 1 < rp.size(); ++r) len[r] = rp[r + 1] - rp[r];
-  const auto n =
-      static_cast<size_t>(std::min<int64_t>(batch_size, static_cast<int64_t>(len.size())));
-  std::partial_sort(len.begin(), len.begin() + static_cast<long>(n), len.end(), std::greater<>());
-  int64_t sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += len[i];
-  return sum;
+  return ds ? pooch::most_in_rows(ds->data.row_ptr, batch_size) : 0;
 }
 
 int64_t pooch_dataset_max_batch_labels(const pooch_dataset* ds, int64_t batch_size) {
-  if (!ds || batch_size <= 0) return 0;
-  const auto& lp = ds->data.label_ptr;
-  if (lp.size() < 2) return 0;
-  std::vector<int64_t> len(lp.size() - 1);
-  for (size_t r = 0; r + 1 < lp.size(); ++r) len[r] = lp[r + 1] - lp[r];
-  const auto n =
-      static_cast<size_t>(std::min<int64_t>(batch_size, static_cast<int64_t>(len.size())));
-  std::partial_sort(len.begin(), len.begin() + static_cast<long>(n), len.end(), std::greater<>());
-  int64_t sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += len[i];
-  return sum;
+  return ds ? pooch::most_in_rows(ds->data.label_ptr, batch_size) : 0;
 }
 
 int pooch_dataset_is_dense(const pooch_dataset* ds) {

@@ -261,6 +261,17 @@ TEST(XmcText, SortsRowsMergesRepeatsAndReadsNumberForms) {
 
 // ---------------------------------------------------------------- errors
 
+TEST(XmcRows, MostInRowsIsTheLargestRowsTotal) {
+  const std::vector<int64_t> ptr{0, 3, 4, 9, 11};  // rows of 3, 1, 5 and 2 entries
+  EXPECT_EQ(most_in_rows(ptr, 1), 5);
+  EXPECT_EQ(most_in_rows(ptr, 2), 8);
+  EXPECT_EQ(most_in_rows(ptr, 4), 11);
+  EXPECT_EQ(most_in_rows(ptr, 100), 11);  // more rows than the set has
+  EXPECT_EQ(most_in_rows(ptr, 0), 0);
+  EXPECT_EQ(most_in_rows(ptr, -1), 0);
+  EXPECT_EQ(most_in_rows({0}, 3), 0);  // no rows
+}
+
 TEST(XmcErrors, Headers) {
   expect_bow_error("", 1, 1, "the file is empty; expected a header line 'N F L'");
   expect_bow_error("\n0,1 2:1\n", 1, 1, "header line is blank");
