@@ -111,23 +111,41 @@ struct Pending {
 };
 
 // A host kernel queued with cudaLaunchHostFunc: what it runs, and what it
-// raised (read after the stream is synchronised, never while it may run).
+// raised (read after the stream is synchronised, never while it may run),
+// with the code launch() would give a launcher's exception, as the CPU
+// backend's stream threads keep a kernel's.
 struct HostCall {
   const kern::KernelVariant* kernel = nullptr;
   kern::KernelArgs args;
-  std::string error;  // empty: it ran, or has not yet
+  bool failed = false;  // false: it ran, or has not yet
+  pooch_status code = POOCH_OK;
+  std::string error;
 };
 
-void CUDART_CB run_host_call(void* p) {
+// noexcept: an exception leaving a host function unwinds into the CUDA
+// runtime's thread, which ends the process (std::terminate).
+void CUDART_CB run_host_call(void* p) noexcept {
   auto* c = static_cast<HostCall*>(p);
   // The CUDA runtime's thread: flushing denormals for this call only.
   ScopedFlushDenormals flush;
+  const auto raised = [c](pooch_status code, const char* what) noexcept {
+    c->failed = true;
+    c->code = code;
+    try {
+      c->error = what;
+    } catch (...) {  // no memory for the message: the failure and its code still surface
+    }
+  };
   try {
     c->kernel->fn(c->args);
+  } catch (const Error& e) {
+    raised(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    raised(POOCH_ERR_OUT_OF_MEMORY, "out of host memory");
   } catch (const std::exception& e) {
-    c->error = e.what();
+    raised(POOCH_ERR_INTERNAL, e.what());
   } catch (...) {
-    c->error = "an exception that is not a std::exception";
+    raised(POOCH_ERR_INTERNAL, "an exception that is not a std::exception");
   }
 }
 
@@ -636,15 +654,19 @@ void CudaBackend::launch_host(Stream s, const kern::KernelVariant& k,
   auto call = std::make_unique<HostCall>();
   call->kernel = &k;
   call->args = args;
-  const cudaError_t err = cudaLaunchHostFunc(streams_[i], run_host_call, call.get());
+  // Kept before it is queued: once queued it may run at any moment, and a
+  // push_back that threw after cudaLaunchHostFunc would free it under the
+  // runtime's thread.
+  host_calls_[i].push_back(std::move(call));
+  const cudaError_t err =
+      cudaLaunchHostFunc(streams_[i], run_host_call, host_calls_[i].back().get());
   if (err != cudaSuccess) {
+    host_calls_[i].pop_back();  // never queued: nothing runs it
     (void)cudaGetLastError();
     fail(i, POOCH_ERR_INTERNAL,
          fmt::format("host kernel '{}' on the {} stream: cudaLaunchHostFunc failed: {}",
                      k.op ? k.op : "?", stream_name(i), cuda_error(err)));
-    return;
   }
-  host_calls_[i].push_back(std::move(call));
 }
 
 void CudaBackend::stream_sync(Stream s) {
@@ -653,8 +675,8 @@ void CudaBackend::stream_sync(Stream s) {
   const cudaError_t err = cudaStreamSynchronize(streams_[i]);
   if (err != cudaSuccess) (void)cudaGetLastError();
   for (const auto& c : host_calls_[i])
-    if (!c->error.empty() && !pending_[i].failed)
-      fail(i, POOCH_ERR_INTERNAL,
+    if (c->failed && !pending_[i].failed)
+      fail(i, c->code,
            fmt::format("host kernel '{}' on the {} stream failed: {}",
                        c->kernel->op ? c->kernel->op : "?", stream_name(i), c->error));
   if (err == cudaSuccess) host_calls_[i].clear();
