@@ -1,7 +1,8 @@
 // The scalars of one optimizer update, formed on the host in double and
-// rounded to float once (as torch does with Python floats), shared by the
-// fast CPU and the CUDA kernels so both apply the same numbers. The reference
-// kernels (kernels/ref/optim.cpp) keep their own, independent derivation.
+// rounded to float once (as torch does with Python floats), and the update of
+// one element, shared by the fast CPU and the CUDA kernels so both apply the
+// same numbers in the same float operations. The reference kernels
+// (kernels/ref/optim.cpp) keep their own, independent derivation.
 #pragma once
 #include <cmath>
 
@@ -11,6 +12,11 @@
 #define POOCH_HOST_DEVICE __host__ __device__
 #else
 #define POOCH_HOST_DEVICE
+#endif
+#if defined(__CUDA_ARCH__)
+#define POOCH_ELEMENT __device__ __forceinline__
+#else
+#define POOCH_ELEMENT inline __attribute__((always_inline))
 #endif
 
 namespace pooch::kern {
@@ -65,6 +71,60 @@ inline AdamParams adam_params(const KernelAttrs& at, const KernelContext* ctx) {
   p.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, t))));
   p.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, t)));
   return p;
+}
+
+// ---- one element ------------------------------------------------------------
+// An update runs on the device in one plan and on the host in another (out of
+// core, where its weight and state are paged: docs/PLANNER.md, "Updates on
+// the host"), and both must give the in-core bits. So every multiply that
+// meets an add is written out: fused (fused_ma: one rounding) or a product
+// that only feeds an fma's addend or a division, so that neither GCC's nor
+// nvcc's contraction has a choice left. The fusions are those GCC made of the
+// plain expressions (torch.optim's sequence) in the AVX clones, so the CPU's
+// bits there did not change; the clone without FMA now computes the same
+// fused operations in software (the same bits on every x86 machine), and the
+// CUDA kernels, which nvcc had contracted as it saw fit, now match them.
+POOCH_ELEMENT float fused_ma(float a, float b, float c) {  // a·b + c, rounded once
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+POOCH_ELEMENT float mul_rn(float a, float b) {  // a product nvcc may not fuse into a later add
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// SGD (torch.optim.SGD): d = g·c + wd·w; with momentum m = momentum·m + d,
+// w = w − lr·m; without, w = w − lr·d. `c` is the clipping factor (1: none).
+POOCH_ELEMENT void sgd_element(const SgdParams& p, float c, float& w, float g, float* mom) {
+  const float d = fused_ma(g, c, mul_rn(p.wd, w));
+  if (mom) {
+    const float m = fused_ma(p.momentum, *mom, d);
+    *mom = m;
+    w = fused_ma(-p.lr, m, w);
+  } else {
+    w = fused_ma(-p.lr, d, w);
+  }
+}
+
+// Adam / AdamW (torch.optim.Adam, AdamW): m = β1·m + (1−β1)·g,
+// v = β2·v + (1−β2)·g·g, w = w·decay + step·m / (√v / √(1−β2^t) + eps) (AdamW:
+// decay = 1 − lr·wd; Adam: g = g·c + wd·w, no decay).
+POOCH_ELEMENT void adam_element(const AdamParams& p, float c, float& w, float g, float& m,
+                                float& v) {
+  const float gi = p.decoupled ? mul_rn(g, c) : fused_ma(g, c, mul_rn(p.wd, w));
+  const float mi = fused_ma(m, p.beta1, mul_rn(p.one_m_beta1, gi));
+  const float vi = fused_ma(v, p.beta2, mul_rn(mul_rn(p.one_m_beta2, gi), gi));
+  const float denom = sqrtf(vi) / p.bc2_sqrt + p.eps;
+  const float step = mul_rn(p.neg_step_size, mi) / denom;
+  m = mi;
+  v = vi;
+  w = p.decoupled ? fused_ma(w, p.decay, step) : w + step;
 }
 
 }  // namespace pooch::kern

@@ -2,9 +2,9 @@
 // is independent, so the loops are split across threads and vectorised (in
 // AVX-512 or AVX2 where the CPU has them: POOCH_VEC_CLONES); the float
 // arithmetic follows torch.optim's sequence of tensor ops so results track
-// PyTorch's float32 run closely (the AVX copies may fuse a multiply and an
-// add into one rounding, so the last bits differ between machines, never
-// between runs on one).
+// PyTorch's float32 run closely, each element as optim_params.h's
+// sgd_element / adam_element say, fused multiply-adds written out, so that
+// the bits are those of the CUDA kernels and the same on every machine.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -29,14 +29,10 @@ POOCH_VEC_CLONES void sgd_span(const Sgd& p, float c, float* __restrict w,
                                const float* __restrict g, float* __restrict mom, int64_t n) {
   if (p.momentum == 0.0f) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) w[i] = w[i] - p.lr * (g[i] * c + p.wd * w[i]);
+    for (int64_t i = 0; i < n; ++i) sgd_element(p, c, w[i], g[i], nullptr);
   } else {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-      const float m = p.momentum * mom[i] + (g[i] * c + p.wd * w[i]);
-      mom[i] = m;
-      w[i] = w[i] - p.lr * m;
-    }
+    for (int64_t i = 0; i < n; ++i) sgd_element(p, c, w[i], g[i], mom + i);
   }
 }
 
@@ -46,20 +42,7 @@ POOCH_VEC_CLONES void adam_span(const Adam& p, float c, float* __restrict w,
                                 const float* __restrict g, float* __restrict m, float* __restrict v,
                                 int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float wi = w[i];
-    float gi = g[i] * c;
-    if (p.decoupled)
-      wi = wi * p.decay;
-    else
-      gi = gi + p.wd * wi;
-    const float mi = m[i] * p.beta1 + p.one_m_beta1 * gi;
-    const float vi = v[i] * p.beta2 + p.one_m_beta2 * gi * gi;
-    const float denom = std::sqrt(vi) / p.bc2_sqrt + p.eps;
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi + p.neg_step_size * mi / denom;
-  }
+  for (int64_t i = 0; i < n; ++i) adam_element(p, c, w[i], g[i], m[i], v[i]);
 }
 
 // Threads take the tensor in chunks of this many elements, each a long

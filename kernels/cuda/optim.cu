@@ -19,31 +19,16 @@ namespace {
 using Sgd = SgdParams;
 using Adam = AdamParams;
 
+// One element, as the CPU kernels update it (optim_params.h): the same bits.
 // `c`: the gradient's clipping factor (1: none; x·1 is exact).
 __device__ __forceinline__ void sgd_one(const Sgd& p, float c, float* w, const float* g,
                                         float* mom) {
-  if (p.momentum == 0.0f) {
-    *w = *w - p.lr * (*g * c + p.wd * *w);
-  } else {
-    const float m = p.momentum * *mom + (*g * c + p.wd * *w);
-    *mom = m;
-    *w = *w - p.lr * m;
-  }
+  sgd_element(p, c, *w, *g, p.momentum == 0.0f ? nullptr : mom);
 }
 
 __device__ __forceinline__ void adam_one(const Adam& p, float c, float* w, const float* g, float* m,
                                          float* v) {
-  float wi = *w, gi = *g * c;
-  if (p.decoupled)
-    wi = wi * p.decay;
-  else
-    gi = gi + p.wd * wi;
-  const float mi = *m * p.beta1 + p.one_m_beta1 * gi;
-  const float vi = *v * p.beta2 + p.one_m_beta2 * gi * gi;
-  const float denom = sqrtf(vi) / p.bc2_sqrt + p.eps;
-  *m = mi;
-  *v = vi;
-  *w = wi + p.neg_step_size * mi / denom;
+  adam_element(p, c, *w, *g, *m, *v);
 }
 
 // sumsq: ‖g‖² on the device when the update clips (null: no clipping).

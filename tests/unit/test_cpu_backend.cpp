@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/common/optim_params.h"
 #include "runtime/backend/backend.h"
 #include "runtime/backend/cpu/cpu_backend.h"
 #include "runtime/core/error.h"
@@ -613,6 +614,87 @@ TEST(CpuKernels, SupportsRefusesWhatAKernelCannotCompute) {
   const kern::KernelVariant* tr = b->find_kernel("transpose");
   ASSERT_NE(tr, nullptr);
   EXPECT_TRUE(supports(tr, args_of({operand(DType::u16, {3, 5})}, {operand(DType::u16, {5, 3})})));
+}
+
+// The optimizer updates' bits are optim_params.h's element functions' on
+// every CPU (the kernel's vector clone for this machine against the
+// functions compiled here for the baseline, with fma in software), as the
+// CUDA kernels' are: an update that runs on the host in one plan and on the
+// device in another changes nothing.
+TEST(CpuKernels, OptimizerUpdatesGiveTheElementFunctionsBits) {
+  auto b = make_cpu_backend(CpuBackendParams{0, 2});
+  constexpr int64_t n = 70001;  // several threads' chunks and a ragged tail
+  std::vector<float> w0(n), g(n), m0(n), v0(n);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {  // xorshift: values over several decades, both signs
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float u = static_cast<float>(x >> 40) / static_cast<float>(1 << 24);
+    return (u - 0.5f) * std::ldexp(1.0f, static_cast<int>(x % 13) - 6);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    w0[i] = next();
+    g[i] = next();
+    m0[i] = next();
+    v0[i] = std::fabs(next());
+  }
+  kern::KernelContext ctx;
+  ctx.step = 7;
+  ctx.lr_scale = 0.8;
+  const float sumsq = 1.7e4f;  // a norm above max_norm: the gradient is clipped
+  for (const char* op : {"sgd_update", "adam_update"})
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool adam = std::string(op) == "adam_update";
+      const bool clip = variant & 1, second = variant & 2;  // AdamW, or SGD without momentum
+      std::vector<float> w = w0, m = m0, v = v0;
+      kern::KernelArgs a;
+      auto f32 = [&](float* p) {
+        kern::TensorView t;
+        t.data = p;
+        t.ndim = 1;
+        t.shape[0] = n;
+        return t;
+      };
+      a.in[a.n_in++] = f32(w.data());
+      a.in[a.n_in++] = f32(g.data());
+      a.in[a.n_in++] = f32(m.data());
+      if (adam) a.in[a.n_in++] = f32(v.data());
+      float s = sumsq;
+      if (clip) {
+        a.in[a.n_in] = f32(&s);
+        a.in[a.n_in].shape[0] = 1;
+        ++a.n_in;
+      }
+      ASSERT_TRUE(a.attrs.set("lr", adam ? 0.003 : 0.15));
+      ASSERT_TRUE(a.attrs.set("weight_decay", 0.01));
+      ASSERT_TRUE(a.attrs.set("max_norm", 1.0));
+      if (adam) {
+        ASSERT_TRUE(a.attrs.set("decoupled", second ? 1.0 : 0.0));
+        ASSERT_TRUE(a.attrs.set("eps", 1e-4));
+      } else {
+        ASSERT_TRUE(a.attrs.set("momentum", second ? 0.0 : 0.9));
+      }
+      a.ctx = &ctx;
+      a.device = b->kernel_device();
+      const kern::KernelVariant* k = b->find_kernel(op, "omp");
+      ASSERT_NE(k, nullptr) << op;
+      k->fn(a);
+      const float c = clip ? kern::clip_coef(sumsq, 1.0) : 1.0f;
+      const kern::SgdParams sp = kern::sgd_params(a.attrs, &ctx);
+      const kern::AdamParams ap = kern::adam_params(a.attrs, &ctx);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        float wi = w0[i], mi = m0[i], vi = v0[i];
+        if (adam)
+          kern::adam_element(ap, c, wi, g[i], mi, vi);
+        else
+          kern::sgd_element(sp, c, wi, g[i], sp.momentum == 0.0f ? nullptr : &mi);
+        differ += std::memcmp(&wi, &w[i], 4) != 0 || std::memcmp(&mi, &m[i], 4) != 0 ||
+                  (adam && std::memcmp(&vi, &v[i], 4) != 0);
+      }
+      EXPECT_EQ(differ, 0) << op << " variant " << variant;
+    }
 }
 
 // A oneDNN kernel's workspace holds its scratchpad and the operands it
