@@ -6,17 +6,13 @@
 #pragma once
 #include <cmath>
 
+#include "float_ops.h"
 #include "kernel_abi.h"
 
 #if defined(__CUDACC__)
 #define POOCH_HOST_DEVICE __host__ __device__
 #else
 #define POOCH_HOST_DEVICE
-#endif
-#if defined(__CUDA_ARCH__)
-#define POOCH_ELEMENT __device__ __forceinline__
-#else
-#define POOCH_ELEMENT inline __attribute__((always_inline))
 #endif
 
 namespace pooch::kern {
@@ -77,28 +73,13 @@ inline AdamParams adam_params(const KernelAttrs& at, const KernelContext* ctx) {
 // An update runs on the device in one plan and on the host in another (out of
 // core, where its weight and state are paged: docs/PLANNER.md, "Updates on
 // the host"), and both must give the in-core bits. So every multiply that
-// meets an add is written out: fused (fused_ma: one rounding) or a product
-// that only feeds an fma's addend or a division, so that neither GCC's nor
-// nvcc's contraction has a choice left. The fusions are those GCC made of the
+// meets an add is written out (float_ops.h): fused (fused_ma: one rounding)
+// or a product that only feeds an fma's addend or a division, so that
+// neither GCC's nor nvcc's contraction has a choice left. The fusions are those GCC made of the
 // plain expressions (torch.optim's sequence) in the AVX clones, so the CPU's
 // bits there did not change; the clone without FMA now computes the same
 // fused operations in software (the same bits on every x86 machine), and the
 // CUDA kernels, which nvcc had contracted as it saw fit, now match them.
-POOCH_ELEMENT float fused_ma(float a, float b, float c) {  // a·b + c, rounded once
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-POOCH_ELEMENT float mul_rn(float a, float b) {  // a product nvcc may not fuse into a later add
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
 // SGD (torch.optim.SGD): d = g·c + wd·w; with momentum m = momentum·m + d,
 // w = w − lr·m; without, w = w − lr·d. `c` is the clipping factor (1: none).
 POOCH_ELEMENT void sgd_element(const SgdParams& p, float c, float& w, float g, float* mom) {

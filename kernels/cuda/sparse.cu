@@ -32,6 +32,7 @@
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <type_traits>
 
+#include "../common/float_ops.h"
 #include "../common/supports.h"
 #include "common.cuh"
 #include "cuda_libs.h"
@@ -98,7 +99,7 @@ __global__ void sparse_linear_rows_kernel(const int32_t* __restrict__ ptr,
     for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < O;
          o += int64_t{gridDim.x} * blockDim.x) {
       float acc = 0.0f;
-      for (int32_t j = j0; j < j1; ++j) acc += val[j] * w[int64_t{idx[j]} * O + o];
+      for (int32_t j = j0; j < j1; ++j) acc = fused_ma(val[j], w[int64_t{idx[j]} * O + o], acc);
       y[r * O + o] = acc + bias[o];
     }
   }
@@ -380,10 +381,25 @@ __global__ void segment_sums_kernel(const int32_t* __restrict__ rows,
       float acc = 0.0f;
       for (int32_t t = t0; t < t1; ++t) {
         const int32_t j = order[t];
-        acc += val[j] * dy[int64_t{row_of[j]} * O + o];
+        acc = fused_ma(val[j], dy[int64_t{row_of[j]} * O + o], acc);
       }
       dwr[i * O + o] = acc;
     }
+  }
+}
+
+// db[o] = Σ_r dy[r, o] in float, the rows in order: the CPU kernel's sum, so
+// that the layer's gradient made on the host (out of core, where the layer's
+// update runs there) has the in-core bits. (column_sums, in double, rounds
+// once, and its bits differ.) Unrolled so that a thread has several rows'
+// loads in flight while its adds wait on each other.
+__global__ void column_sums_in_order_kernel(const float* __restrict__ m, int64_t R, int64_t C,
+                                            float* __restrict__ out) {
+  POOCH_GRID_STRIDE(c, C) {
+    float s = 0.0f;
+#pragma unroll 8
+    for (int64_t r = 0; r < R; ++r) s += m[r * C + c];
+    out[c] = s;
   }
 }
 
@@ -473,7 +489,10 @@ void sparse_linear_grad_weight(const KernelArgs& a) {
            static_cast<long long>(cap), static_cast<long long>(F));
     return;
   }
-  if (!column_sums(dy, B, O, db, s)) return;
+  if (O > 0) {
+    column_sums_in_order_kernel<<<grid_for(O, kThreads), kThreads, 0, s>>>(dy, B, O, db);
+    if (!launched("column_sums_in_order_kernel")) return;
+  }
   if (cap == 0) {
     set_int_kernel<<<1, 1, 0, s>>>(rows, 0);
     launched("set_int_kernel");
