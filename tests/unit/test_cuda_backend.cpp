@@ -5,13 +5,16 @@
 // kernel launches, error reporting and the budget.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -337,6 +340,44 @@ TEST(CudaBackend, WaitingOnAnUnrecordedEventDoesNotBlock) {
   b->event_sync(e);
   b->stream_wait(Stream::d2h, e);
   b->copy_async(Stream::d2h, b->host_pool_base(), b->arena_base(), 16);
+  b->sync_all();
+}
+
+// A host kernel that keeps its stream busy for 0.3 s without using a core.
+void sleeps(const kern::KernelArgs&) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+const kern::KernelVariant kSleeps{"test_sleeps", "test", sleeps, nullptr, true};
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// pooch never spins a host application's cores: a thread that waits for a
+// stream or an event sleeps (cudaStreamSynchronize would spin a core for the
+// whole 0.3 s under the runtime's default scheduling).
+TEST(CudaBackend, WaitingSleeps) {
+  SKIP_WITHOUT_DEVICE();
+  auto b = backend_with(kMiB, kMiB);
+  kern::KernelContext ctx;
+  kern::KernelArgs a;
+  a.ctx = &ctx;
+  const EventId e = b->event_create();
+  for (int wait = 0; wait < 2; ++wait) {
+    const double before = process_cpu_seconds();
+    b->launch_host(Stream::d2h, kSleeps, a);
+    if (wait == 0) {
+      b->stream_sync(Stream::d2h);
+    } else {
+      b->event_record(Stream::d2h, e);
+      b->event_sync(e);
+    }
+    EXPECT_LT(process_cpu_seconds() - before, 0.1)
+        << (wait == 0 ? "stream_sync" : "event_sync") << " spun while it waited";
+  }
   b->sync_all();
 }
 

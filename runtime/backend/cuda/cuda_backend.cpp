@@ -169,7 +169,7 @@ class CudaBackend final : public Backend {
   void event_record(Stream s, EventId e) override;
   void stream_wait(Stream s, EventId e) override;
   void event_sync(EventId e) override;
-  EventId event_create_timed() override { return create_event(cudaEventDefault); }
+  EventId event_create_timed() override { return create_event(cudaEventBlockingSync); }
   double event_elapsed(EventId from, EventId to) override;
 
   void copy_async(Stream s, void* dst, const void* src, size_t n) override;
@@ -192,6 +192,7 @@ class CudaBackend final : public Backend {
   int index(Stream s, const char* call) const;
   cudaEvent_t event(EventId e, const char* call) const;
   EventId create_event(unsigned flags);
+  cudaError_t wait_for(int stream) noexcept;
   void fail(int stream, pooch_status code, std::string message);
   void warn(const std::string& message) const;
   size_t arena_limit() const { return budget_ > cublas_ws_ ? budget_ - cublas_ws_ : 0; }
@@ -216,6 +217,15 @@ class CudaBackend final : public Backend {
   size_t pool_bytes_ = 0;
 
   cudaStream_t streams_[kNumStreams] = {};
+  // stream_sync's: recorded on its stream, then waited on. Created with
+  // cudaEventBlockingSync, as every event here, so that a waiting thread
+  // sleeps: cudaStreamSynchronize (and a plain event's wait) spins a core
+  // for the whole wait under the runtime's default scheduling
+  // (cudaDeviceScheduleAuto spins while there are fewer CUDA contexts than
+  // cores), and pooch never spins a host application's cores. The
+  // device-wide cudaDeviceScheduleBlockingSync would change the
+  // application's own CUDA work too.
+  cudaEvent_t sync_[kNumStreams] = {};
   Pending pending_[kNumStreams];
   std::vector<cudaEvent_t> events_;
   cublasHandle_t cublas_ = nullptr;
@@ -250,6 +260,9 @@ CudaBackend::CudaBackend(const CudaBackendParams& p)
     cublas_ws_ = prop.major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
     for (cudaStream_t& s : streams_)
       POOCH_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (cudaEvent_t& e : sync_)
+      POOCH_CUDA_CHECK(
+          cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
     POOCH_CUBLAS_CHECK(cublasCreate, &cublas_);
     POOCH_CUBLAS_CHECK(cublasSetStream, cublas_, streams_[0]);
     POOCH_CUBLAS_CHECK(cublasSetPointerMode, cublas_, CUBLAS_POINTER_MODE_HOST);
@@ -284,8 +297,8 @@ void CudaBackend::release() noexcept {
   if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
   // Queued work may still touch the arena and the pool: it finishes first.
   // Errors are ignored here; they were (or can no longer be) reported.
-  for (cudaStream_t s : streams_)
-    if (s) (void)cudaStreamSynchronize(s);
+  for (int i = 0; i < kNumStreams; ++i)
+    if (streams_[i]) (void)wait_for(i);
   if (cusparse_) (void)cuda_libs().cusparseDestroy(cusparse_);
   if (cublas_) (void)cuda_libs().cublasDestroy(cublas_);
   cusparse_ = nullptr;
@@ -294,6 +307,10 @@ void CudaBackend::release() noexcept {
   events_.clear();
   if (rebind_) (void)cudaEventDestroy(rebind_);
   rebind_ = nullptr;
+  for (cudaEvent_t& e : sync_) {
+    if (e) (void)cudaEventDestroy(e);
+    e = nullptr;
+  }
   for (cudaStream_t& s : streams_) {
     if (s) (void)cudaStreamDestroy(s);
     s = nullptr;
@@ -450,7 +467,7 @@ void CudaBackend::fail(int stream, pooch_status code, std::string message) {
 }
 
 EventId CudaBackend::event_create() {
-  return create_event(cudaEventDisableTiming);
+  return create_event(cudaEventDisableTiming | cudaEventBlockingSync);
 }
 
 EventId CudaBackend::create_event(unsigned flags) {
@@ -669,10 +686,17 @@ void CudaBackend::launch_host(Stream s, const kern::KernelVariant& k,
   }
 }
 
+// Waits for everything queued on stream i, asleep (sync_'s comment).
+cudaError_t CudaBackend::wait_for(int i) noexcept {
+  if (!sync_[i]) return cudaStreamSynchronize(streams_[i]);  // not made: a failed start
+  const cudaError_t err = cudaEventRecord(sync_[i], streams_[i]);
+  return err != cudaSuccess ? err : cudaEventSynchronize(sync_[i]);
+}
+
 void CudaBackend::stream_sync(Stream s) {
   const int i = index(s, "stream_sync");
   bind();
-  const cudaError_t err = cudaStreamSynchronize(streams_[i]);
+  const cudaError_t err = wait_for(i);
   if (err != cudaSuccess) (void)cudaGetLastError();
   for (const auto& c : host_calls_[i])
     if (c->failed && !pending_[i].failed)
@@ -691,7 +715,7 @@ void CudaBackend::stream_sync(Stream s) {
   if (err != cudaSuccess)
     throw Error(POOCH_ERR_INTERNAL,
                 fmt::format("cuda backend: work queued on the {} stream failed: "
-                            "cudaStreamSynchronize returned {}",
+                            "waiting for it returned {}",
                             stream_name(i), cuda_error(err)));
 }
 
