@@ -470,6 +470,26 @@ TEST(CudaBackend, QueuedFailuresSurfaceAtTheNextSync) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("h2d"), std::string::npos) << e.what();
   }
+
+  // Host kernels: queued together, so the later one cannot be refused at
+  // launch; it does not run after the one before it failed, and the code is
+  // the failed kernel's.
+  kern::KernelContext ctx;
+  a.ctx = &ctx;
+  g_calls = 0;
+  b->launch_host(Stream::d2h, kThrows, a);
+  b->launch_host(Stream::d2h, kCounts, a);
+  try {
+    b->stream_sync(Stream::d2h);
+    FAIL() << "the host kernel's failure was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), POOCH_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(e.what()).find("test_throws"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(g_calls, 0) << "a host kernel ran after the one before it failed";
+  b->launch_host(Stream::d2h, kCounts, a);  // the stream is clear again
+  b->stream_sync(Stream::d2h);
+  EXPECT_EQ(g_calls, 1);
   b->sync_all();
 }
 

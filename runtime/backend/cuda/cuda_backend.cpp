@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +118,10 @@ struct Pending {
 struct HostCall {
   const kern::KernelVariant* kernel = nullptr;
   kern::KernelArgs args;
+  // Set by the first host kernel of its stream that fails; the later ones
+  // then do not run, as on the CPU backend's stream threads (their inputs
+  // may be what the failed one did not write). Cleared at the next sync.
+  std::atomic<bool>* stream_failed = nullptr;
   bool failed = false;  // false: it ran, or has not yet
   pooch_status code = POOCH_OK;
   std::string error;
@@ -128,7 +133,9 @@ void CUDART_CB run_host_call(void* p) noexcept {
   auto* c = static_cast<HostCall*>(p);
   // The CUDA runtime's thread: flushing denormals for this call only.
   ScopedFlushDenormals flush;
+  if (c->stream_failed->load(std::memory_order_acquire)) return;  // an earlier one failed
   const auto raised = [c](pooch_status code, const char* what) noexcept {
+    c->stream_failed->store(true, std::memory_order_release);
     c->failed = true;
     c->code = code;
     try {
@@ -237,6 +244,7 @@ class CudaBackend final : public Backend {
   kern::cuda::LaunchEnv env_;
   // Host kernels queued per stream since its last synchronisation.
   std::deque<std::unique_ptr<HostCall>> host_calls_[kNumStreams];
+  std::atomic<bool> host_failed_[kNumStreams] = {};  // HostCall::stream_failed
 };
 
 CudaBackend::CudaBackend(const CudaBackendParams& p)
@@ -671,6 +679,7 @@ void CudaBackend::launch_host(Stream s, const kern::KernelVariant& k,
   auto call = std::make_unique<HostCall>();
   call->kernel = &k;
   call->args = args;
+  call->stream_failed = &host_failed_[i];
   // Kept before it is queued: once queued it may run at any moment, and a
   // push_back that threw after cudaLaunchHostFunc would free it under the
   // runtime's thread.
@@ -703,7 +712,10 @@ void CudaBackend::stream_sync(Stream s) {
       fail(i, c->code,
            fmt::format("host kernel '{}' on the {} stream failed: {}",
                        c->kernel->op ? c->kernel->op : "?", stream_name(i), c->error));
-  if (err == cudaSuccess) host_calls_[i].clear();
+  if (err == cudaSuccess) {
+    host_calls_[i].clear();
+    host_failed_[i].store(false, std::memory_order_relaxed);  // nothing of this stream runs now
+  }
   Pending& p = pending_[i];
   if (p.failed) {
     p.failed = false;
