@@ -283,11 +283,12 @@ inline float lane_sum(const Row16& s) {
 // then 4, 2 and 1 apart), two vectors' lanes side by side in one register:
 // 30 shuffles and 15 adds where 16 lane_sums take 64 of each. Used where a
 // block's row is at most kGroup rows (W <= 64: 16 partial sums fit the
-// registers), where the lane sums are much of a label's work: pooch-bench-ffi
-// --form fused --hidden 512, L = 670 091, alternated three times: B=16
-// 0.0510 -> 0.0486 s, B=32 0.0395 -> 0.0378 s, B=64 0.0686 -> 0.0664 s (3-5%),
-// and the same bits (20 Amazon-670K training steps, checkpoints equal at
-// batch 16, 32 and 64).
+// registers, once the loop that makes them is unrolled: rolled, GCC kept them
+// on the stack), where the lane sums are much of a label's work:
+// pooch-bench-ffi --form fused --hidden 512, L = 670 091, the median of
+// three alternated runs: B=16 0.0340 -> 0.0284 s, B=32 0.0393 -> 0.0321 s,
+// B=64 0.0661 -> 0.0650 s; the same bits (Amazon-670K training steps,
+// checkpoints equal at batch 16, 32 and 64).
 typedef int32_t Lanes16 __attribute__((vector_size(64)));
 // (The result is written through `out`: a function returning a 64-byte
 // vector has another ABI in the clones without AVX-512, which GCC warns of.)
@@ -338,6 +339,7 @@ POOCH_ALWAYS_INLINE void backward_rows(const float* ht, const I* il, const float
   if constexpr (W <= kGroup) {  // one group: 16 k's lane sums at once
     for (; k + 16 <= fan_in; k += 16) {
       Row16 s[16];
+#pragma GCC unroll 16
       for (int64_t j = 0; j < 16; ++j) {
         if (k + j + kAhead < fan_in) prefetch_row<W>(dht + int64_t{il[k + j + kAhead]} * W, true);
         const int64_t u = il[k + j];
