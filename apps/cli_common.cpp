@@ -481,6 +481,14 @@ void print_memory(const pooch_session* s, Output& out) {
       format_bytes(static_cast<double>(m.by_role[3])).c_str(),
       format_bytes(static_cast<double>(m.by_role[4])).c_str(),
       m.budget ? (", budget " + format_bytes(static_cast<double>(m.budget))).c_str() : "");
+  // Paging, host updates and what the backend keeps are in the plan's JSON,
+  // not in the report.
+  Json plan;
+  char* text = nullptr;
+  if (pooch_session_plan_json(s, &text) == POOCH_OK && text)
+    plan = Json::parse(text, nullptr, false);
+  pooch_string_free(&text);
+  if (!plan.is_object()) plan = Json::object();
   Json j;
   j["backend"] = m.backend ? m.backend : "";
   j["arena_bytes"] = m.arena_bytes;
@@ -491,24 +499,15 @@ void print_memory(const pooch_session* s, Output& out) {
   j["gradient_bytes"] = m.by_role[3];
   j["optimizer_bytes"] = m.by_role[4];
   j["host_bytes"] = m.host_bytes;
+  j["backend_kept_bytes"] = plan.value("backend_kept", uint64_t{0});
   j["out_of_core"] = m.out_of_core != 0;
   if (m.out_of_core) {
     static const char* const names[] = {
         "keep", "swap-all", "recompute-all", "checkpoint-sqrt", "pooch-greedy", "auto"};
     const char* strategy = m.strategy >= 0 && m.strategy <= 5 ? names[m.strategy] : "?";
-    // Paging and host updates are in the plan's JSON, not in the report.
-    double paged = 0;
-    int host_updates = 0, host_launches = 0;
-    char* text = nullptr;
-    if (pooch_session_plan_json(s, &text) == POOCH_OK && text) {
-      const Json plan = Json::parse(text, nullptr, false);
-      if (plan.is_object()) {
-        paged = plan.value("paged_bytes", 0.0);
-        host_updates = plan.value("host_updates", 0);
-        host_launches = plan.value("host_launches", 0);
-      }
-    }
-    pooch_string_free(&text);
+    const double paged = plan.value("paged_bytes", 0.0);
+    const int host_updates = plan.value("host_updates", 0);
+    const int host_launches = plan.value("host_launches", 0);
     say("out of core: the step needs %s in core; %s swapped to host memory, %s recomputed, "
         "%s of weights and optimizer state paged (plan from %s); predicted step %.3g ms (%.3g "
         "ms in core)\n",

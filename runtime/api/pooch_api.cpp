@@ -483,6 +483,7 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"out_of_core", r.active},
            {"profile", ss.profile_measured() ? "measured" : "estimated"},
            {"budget", ss.budget()},
+           {"backend_kept", ss.backend().kept_from_budget()},
            {"in_core_arena", r.in_core_arena},
            {"arena", sc.arena_bytes},
            {"arena_taken", ss.arena_taken()},

@@ -317,6 +317,8 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
 /* The train step's plan as one JSON document (docs/PLANNER.md); free it with
  * pooch_string_free. Keys: "backend", "strategy" (the one the plan came
  * from), "out_of_core", "profile" ("estimated", "measured" or "machine"), "budget",
+ * "backend_kept" (what the backend keeps for itself of a device_memory budget:
+ * the CUDA backend's cuBLAS workspace; the plan's budget is the rest),
  * "in_core_arena", "arena" (what the step needs), "arena_taken",
  * "persistent_bytes", "host_pool" (taken), "host_bytes" (what the step
  * needs), "predicted_seconds", "predicted_in_core_seconds",
