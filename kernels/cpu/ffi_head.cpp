@@ -336,8 +336,11 @@ POOCH_ALWAYS_INLINE void backward_rows(const float* ht, const I* il, const float
   for (int64_t k = 0; k < kAhead && k < fan_in; ++k)
     prefetch_row<W>(dht + int64_t{il[k]} * W, true);
   int64_t k = 0;
-  if constexpr (W <= kGroup) {  // one group: 16 k's lane sums at once
-    for (; k + 16 <= fan_in; k += 16) {
+  // One group: 16 k's lane sums at once, in the AVX-512 clone only (the
+  // two-register shuffles have no AVX2 form: GCC spells them out in scalar
+  // moves there, untimed).
+  if constexpr (W <= kGroup) {
+    for (; kRunsAvx512Clones && k + 16 <= fan_in; k += 16) {
       Row16 s[16];
 #pragma GCC unroll 16
       for (int64_t j = 0; j < 16; ++j) {

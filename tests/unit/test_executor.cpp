@@ -141,6 +141,34 @@ TEST(Executor, ATimedRunTimesEachLaunchAndCopyByItself) {
   }
 }
 
+// A launch that waits for a copy (a prefetch) is timed from when the wait
+// ends: its time is its own, not the copy's.
+TEST(Executor, ATimedLaunchAfterAWaitIsTimedWithoutIt) {
+  CpuBackendParams p;
+  p.link_latency = 0.15;
+  const std::unique_ptr<Backend> backend = make_cpu_backend(p);
+  Executor ex(*backend, 4096, 4096);
+  Schedule s;
+  ScheduledCopy in;
+  in.bytes = 256;
+  s.add_copy(StepKind::copy_in, Stream::h2d, in);
+  const int landed = s.add_event();
+  s.steps.push_back({StepKind::record, Stream::h2d, landed});
+  s.steps.push_back({StepKind::wait, Stream::compute, landed});
+  Launch l;
+  l.kernel = &kSleepMs;
+  ASSERT_TRUE(l.args.attrs.set("ms", 20));
+  s.add_launch(l);
+  const BoundSchedule b = ex.bind(s, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  const StepTimes t = ex.run_timed(b);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(wall, 0.17) << "the launch did not wait for the copy";
+  EXPECT_GE(t.launch_seconds[0], 0.02);
+  EXPECT_LT(t.launch_seconds[0], 0.14) << "the wait is in the launch's time";
+  EXPECT_GE(t.copy_seconds[0], 0.15);
+}
+
 TEST(Executor, NoAllocationDuringSteps) {
   PlantedParams pp;
   pp.rows = 256;

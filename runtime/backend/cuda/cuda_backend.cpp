@@ -121,6 +121,9 @@ struct HostCall {
   // Set by the first host kernel of its stream that fails; the later ones
   // then do not run, as on the CPU backend's stream threads (their inputs
   // may be what the failed one did not write). Cleared at the next sync.
+  // Unlike there, device launches and copies queued on the stream behind it
+  // still run (they were queued before the failure was known); the error
+  // surfaces at the next sync all the same.
   std::atomic<bool>* stream_failed = nullptr;
   bool failed = false;  // false: it ran, or has not yet
   pooch_status code = POOCH_OK;
