@@ -75,11 +75,13 @@ inline AdamParams adam_params(const KernelAttrs& at, const KernelContext* ctx) {
 // the host"), and both must give the in-core bits. So every multiply that
 // meets an add is written out (float_ops.h): fused (fused_ma: one rounding)
 // or a product that only feeds an fma's addend or a division, so that
-// neither GCC's nor nvcc's contraction has a choice left. The fusions are those GCC made of the
-// plain expressions (torch.optim's sequence) in the AVX clones, so the CPU's
-// bits there did not change; the clone without FMA now computes the same
-// fused operations in software (the same bits on every x86 machine), and the
-// CUDA kernels, which nvcc had contracted as it saw fit, now match them.
+// neither GCC's nor nvcc's contraction has a choice left. The fusions are
+// those GCC made of the plain expressions (torch.optim's sequence) in the AVX
+// clones, so the CPU's bits there did not change; the clone without FMA now
+// computes the same fused operations in software (the same bits on every x86
+// machine), and the CUDA kernels, which nvcc had contracted as it saw fit,
+// now match them.
+
 // SGD (torch.optim.SGD): d = g·c + wd·w; with momentum m = momentum·m + d,
 // w = w − lr·m; without, w = w − lr·d. `c` is the clipping factor (1: none).
 POOCH_ELEMENT void sgd_element(const SgdParams& p, float c, float& w, float g, float* mom) {
