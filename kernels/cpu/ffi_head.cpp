@@ -289,32 +289,41 @@ inline float lane_sum(const Row16& s) {
 // three alternated runs: B=16 0.0340 -> 0.0284 s, B=32 0.0393 -> 0.0321 s,
 // B=64 0.0661 -> 0.0650 s; the same bits (Amazon-670K training steps,
 // checkpoints equal at batch 16, 32 and 64).
-typedef int32_t Lanes16 __attribute__((vector_size(64)));
 // (The result is written through `out`: a function returning a 64-byte
-// vector has another ABI in the clones without AVX-512, which GCC warns of.)
+// vector has another ABI in the clones without AVX-512, which GCC warns of.
+// __builtin_shufflevector: GCC 12 and clang both have it, with the lanes as
+// constants, index < 16 from the first vector, >= 16 from the second.)
+#define POOCH_LANES_A_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
+#define POOCH_LANES_A_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define POOCH_LANES_B_LO 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27
+#define POOCH_LANES_B_HI 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31
+#define POOCH_LANES_C_LO 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29
+#define POOCH_LANES_C_HI 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31
+#define POOCH_LANES_D_LO 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define POOCH_LANES_D_HI 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+// Level by level, the lanes LO and HI of two vectors added: x + y 8 lanes
+// apart, then 4, 2 and 1.
+#define POOCH_FOLD(x, y, LO, HI) \
+  (__builtin_shufflevector(x, y, LO) + __builtin_shufflevector(x, y, HI))
 POOCH_ALWAYS_INLINE void lane_sums16(const Row16* s, Row16* out) {
-  // Level by level: the lanes `lo` and `hi` of two vectors a, b (index <16:
-  // a's lane, >=16: b's) are added.
-  constexpr Lanes16 a_lo{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  constexpr Lanes16 a_hi{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  constexpr Lanes16 b_lo{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  constexpr Lanes16 b_hi{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  constexpr Lanes16 c_lo{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  constexpr Lanes16 c_hi{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  constexpr Lanes16 d_lo{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  constexpr Lanes16 d_hi{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
   Row16 a[8], b[4], c[2];
   for (int m = 0; m < 8; ++m)  // a[m]: s[2m] then s[2m+1], 8 lanes each
-    a[m] = __builtin_shuffle(s[2 * m], s[2 * m + 1], a_lo) +
-           __builtin_shuffle(s[2 * m], s[2 * m + 1], a_hi);
+    a[m] = POOCH_FOLD(s[2 * m], s[2 * m + 1], POOCH_LANES_A_LO, POOCH_LANES_A_HI);
   for (int m = 0; m < 4; ++m)  // b[m]: s[4m .. 4m+3], 4 lanes each
-    b[m] = __builtin_shuffle(a[2 * m], a[2 * m + 1], b_lo) +
-           __builtin_shuffle(a[2 * m], a[2 * m + 1], b_hi);
+    b[m] = POOCH_FOLD(a[2 * m], a[2 * m + 1], POOCH_LANES_B_LO, POOCH_LANES_B_HI);
   for (int m = 0; m < 2; ++m)  // c[m]: s[8m .. 8m+7], 2 lanes each
-    c[m] = __builtin_shuffle(b[2 * m], b[2 * m + 1], c_lo) +
-           __builtin_shuffle(b[2 * m], b[2 * m + 1], c_hi);
-  *out = __builtin_shuffle(c[0], c[1], d_lo) + __builtin_shuffle(c[0], c[1], d_hi);
+    c[m] = POOCH_FOLD(b[2 * m], b[2 * m + 1], POOCH_LANES_C_LO, POOCH_LANES_C_HI);
+  *out = POOCH_FOLD(c[0], c[1], POOCH_LANES_D_LO, POOCH_LANES_D_HI);
 }
+#undef POOCH_FOLD
+#undef POOCH_LANES_A_LO
+#undef POOCH_LANES_A_HI
+#undef POOCH_LANES_B_LO
+#undef POOCH_LANES_B_HI
+#undef POOCH_LANES_C_LO
+#undef POOCH_LANES_C_HI
+#undef POOCH_LANES_D_LO
+#undef POOCH_LANES_D_HI
 
 // With one block's gradient g[0..W) (zero on padding rows): db[l] and
 // dw[l, :] gain the block's share (the first block sets them), and the
