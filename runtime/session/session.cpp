@@ -206,7 +206,12 @@ Session::Session(std::shared_ptr<const Model> model, const SessionConfig& cfg, B
   }
 }
 
-Session::~Session() = default;
+// The executor goes first: its destructor waits for whatever is still
+// queued, and queued launches read ctx_ and the programs' bound arguments,
+// which the members' own order would destroy before it.
+Session::~Session() {
+  exec_.reset();
+}
 
 Executor& Session::exec() const {
   if (!exec_)

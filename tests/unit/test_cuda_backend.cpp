@@ -580,7 +580,7 @@ TEST(CudaBackend, KernelDeviceSizesWorkspacesExactly) {
 }
 
 // A recompute of a batch normalisation's output runs batchnorm_replay (the
-// same cuDNN call, its running averages and saved statistics written into
+// same statistics and normalisation kernels, its statistics written into
 // its workspace): y must have the forward pass's bits, and the session's
 // running averages must move once, in the forward pass.
 TEST(CudaBackend, BatchnormReplayRemakesTheForwardOutputBitForBit) {
@@ -588,7 +588,7 @@ TEST(CudaBackend, BatchnormReplayRemakesTheForwardOutputBitForBit) {
   const int64_t N = 8, C = 32, H = 14, W = 14, n = N * C * H * W;
   // One layout in the arena and the host pool, each array 256-byte aligned.
   enum { X, GAMMA, BETA, RMEAN, RVAR, Y, MEAN, VAR, Y2, WS, COUNT };
-  const int64_t elems[COUNT] = {n, C, C, C, C, n, C, C, n, 4 * C};
+  const int64_t elems[COUNT] = {n, C, C, C, C, n, C, C, n, 5 * C};
   size_t at[COUNT + 1] = {0};
   for (int i = 0; i < COUNT; ++i)
     at[i + 1] = (at[i] + static_cast<size_t>(elems[i]) * 4 + 255) / 256 * 256;
@@ -629,7 +629,11 @@ TEST(CudaBackend, BatchnormReplayRemakesTheForwardOutputBitForBit) {
   ASSERT_NE(bn, nullptr);
   ASSERT_NE(replay, nullptr);
   ASSERT_TRUE(bn->supports(a));
+  // The forward's normalisation terms go to the same slot: the replay runs
+  // after it on the same stream.
   a.workspace_bytes = bn->workspace(a);
+  ASSERT_LE(a.workspace_bytes, at[WS + 1] - at[WS]);
+  a.workspace = b->arena_base() + at[WS];
   b->launch(Stream::compute, *bn, a);
   kern::KernelArgs r = a;
   r.n_in = 3;
