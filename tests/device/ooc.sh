@@ -130,7 +130,7 @@ run_one incore
 rc=$?
 row_of incore $rc
 if [ $rc -ne 0 ]; then
-  tail -n 5 "$WORK/incore.txt"
+  grep -v '^{' "$WORK/incore.txt" | tail -n 12
   exit 1
 fi
 ARENA=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["memory"]["arena_bytes"])' \
@@ -153,7 +153,7 @@ for spec in "third:3:auto" "fifth:5:auto" "third-greedy:3:pooch-greedy"; do
   row_of "$name" $rc
   if [ $rc -ne 0 ]; then
     STATUS=1
-    tail -n 3 "$WORK/$name.txt"
+    grep -v '^{' "$WORK/$name.txt" | tail -n 12
   elif [ "$MODEL" = xmc ] && ! python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["memory"].get("host_launches", 0) == 0)' \
       "$WORK/$name.json" 2>/dev/null; then
     STATUS=1  # the case is there for the host launches

@@ -326,6 +326,10 @@ for model in gpt resnet50 xmc; do
     timeout $t bash tests/device/ooc.sh $model "$BIN" "$TMPD/ooc-$model" 12 > "$TMPD/ooc.txt" 2>&1
     rc=$?
     cat "$TMPD/ooc.txt" >> "$OUT/ooc.txt"
+    if [ $rc -eq 124 ]; then  # cut off: the end of the run it was in
+      last=$(ls -t "$TMPD/ooc-$model"/*.txt 2>/dev/null | head -n 1)
+      [ -n "$last" ] && { echo "== cut off in $(basename "$last"):"; tail -n 12 "$last"; } >> "$OUT/ooc.txt"
+    fi
     rm -rf "$TMPD/ooc-$model"
     brief=$(grep -m1 '^summary: ' "$TMPD/ooc.txt" | sed 's/^summary: //')
     case $rc in
