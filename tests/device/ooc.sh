@@ -18,14 +18,24 @@
 #             weights and optimizer state are paged and the updates and the
 #             sparse input layer run on the host (the backend's host
 #             launches). STEPS is not used.
+#   gpt-large, gpt-xl-lora: the language-model issue's card runs, full
+#             finetuning of GPT-2 774M and LoRA (rank 8, alpha 16, attention
+#             and MLP linears) on 1.5B, GPT-2's vocabulary, random weights
+#             and random tokens, batch 1 × 1024, AdamW with clipping; in core,
+#             then with --device-memory 4G and 8G (a 4 GB and an 8 GB card)
+#             instead of fractions of the in-core arena.
 #
-# usage: ooc.sh gpt|resnet50|xmc BIN_DIR|POOCH_RUN WORK_DIR STEPS   (prints a table;
-#        exit 1 when a run fails or a model differs from the in-core one)
+# usage: ooc.sh gpt|resnet50|xmc|gpt-large|gpt-xl-lora BIN_DIR|POOCH_RUN WORK_DIR STEPS
+#        (prints a table; exit 1 when a run fails or a model differs from the
+#        in-core one)
 # The environment can make the model small, to try the script on the CPU
 # (tests/meson.build's device_ooc_cpu does, so the script does not rot):
 # POOCH_OOC_SPEC (a spec file), POOCH_OOC_CONTEXT (gpt), POOCH_OOC_IMAGE
 # (resnet50: the side in pixels), POOCH_OOC_SCALE (xmc: the synthetic set's
-# scale, default 1), POOCH_OOC_DEVICE.
+# scale, default 1), POOCH_OOC_DEVICE; POOCH_OOC_BUDGETS replaces the
+# budgets below the in-core run: "NAME:BUDGET:STRATEGY ...", BUDGET either
+# /N (the in-core arena over N, plus what the backend keeps) or a size
+# such as 4G (what the card has).
 set -uo pipefail
 MODEL=$1
 BIN=$2
@@ -69,6 +79,37 @@ EOF
             --device "$DEVICE" --batch 32 --epochs 1 --valid-fraction 0 --early-stop 0
             --optimizer sgd --lr 0.01 --seed 7 --json)
     ;;
+  gpt-large|gpt-xl-lora)
+    SPEC=$WORK/spec.json
+    # The size by name, or POOCH_OOC_SPEC's model; LoRA's adapters added.
+    python3 - "$MODEL" "${POOCH_OOC_SPEC:-}" "$SPEC" <<'EOF' || exit 1
+import json, sys
+model, given, out = sys.argv[1:]
+j = json.load(open(given)) if given else {
+    "family": "gpt", "size": "gpt2-large" if model == "gpt-large" else "gpt2-xl"}
+if model == "gpt-xl-lora":
+    j["lora"] = {"rank": 8, "alpha": 16, "targets": ["attn", "mlp"]}
+json.dump(j, open(out, "w"))
+EOF
+    # Random ids below the vocabulary (GPT-2's 50 257 unless the spec says),
+    # enough for STEPS rows of the context and one more token (int32 .npy).
+    CONTEXT=${POOCH_OOC_CONTEXT:-1024}
+    python3 - "$SPEC" "$WORK/tokens.npy" "$(( (STEPS + 1) * CONTEXT + 1 ))" <<'EOF' || exit 1
+import json, random, struct, sys
+spec, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+vocab = json.load(open(spec)).get("vocab_size", 50257)
+rng = random.Random(5)
+header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % n
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+with open(path, "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(struct.pack("<%di" % n, *(rng.randrange(vocab) for _ in range(n))))
+EOF
+    COMMON=(train --spec "$SPEC" --data "$WORK/tokens.npy" --device "$DEVICE" --batch 1
+            --context "$CONTEXT" --steps "$STEPS" --valid-fraction 0 --warmup 2 --lr 1e-4
+            --seed 7 --json)
+    BUDGETS="4G:4G:auto 8G:8G:auto"
+    ;;
   xmc)
     "$BIN/pooch-run" synth --preset EURLex-4K --scale "${POOCH_OOC_SCALE:-1}" --out "$WORK/eur" \
       > "$WORK/synth.txt" 2>&1 || { tail -n 3 "$WORK/synth.txt"; exit 1; }
@@ -76,7 +117,7 @@ EOF
             --valid-fraction 0 --early-stop 0 --seed 7 --json)
     ;;
   *)
-    echo "usage: ooc.sh gpt|resnet50|xmc BIN_DIR WORK_DIR STEPS" >&2
+    echo "usage: ooc.sh gpt|resnet50|xmc|gpt-large|gpt-xl-lora BIN_DIR WORK_DIR STEPS" >&2
     exit 2
     ;;
 esac
@@ -146,9 +187,15 @@ fi
 KEPT=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["memory"].get("backend_kept_bytes", 0)))' \
   "$WORK/incore.json" 2>/dev/null)
 KEPT=${KEPT:-0}
-for spec in "third:3:auto" "fifth:5:auto" "third-greedy:3:pooch-greedy"; do
-  IFS=: read -r name div strategy <<< "$spec"
-  run_one "$name" --device-memory $((ARENA / div + KEPT)) --strategy "$strategy"
+BUDGETS=${POOCH_OOC_BUDGETS:-${BUDGETS:-"third:/3:auto fifth:/5:auto third-greedy:/3:pooch-greedy"}}
+NAMES=()
+for spec in $BUDGETS; do
+  IFS=: read -r name budget strategy <<< "$spec"
+  NAMES+=("$name")
+  case $budget in
+    /*) budget=$((ARENA / ${budget#/} + KEPT)) ;;
+  esac
+  run_one "$name" --device-memory "$budget" --strategy "$strategy"
   rc=$?
   row_of "$name" $rc
   if [ $rc -ne 0 ]; then
@@ -169,7 +216,7 @@ done
 # The last line, which run.sh's table shows: each run's step against in core.
 base=$(cat "$WORK/incore.ms")
 line="summary: in core $base ms/step"
-for name in third fifth third-greedy; do
+for name in "${NAMES[@]}"; do
   [ -f "$WORK/$name.ms" ] || continue
   line="$line; $name $(python3 -c 'import sys; print("%.2fx" % (float(sys.argv[1]) / float(sys.argv[2])))' \
     "$(cat "$WORK/$name.ms")" "$base" 2>/dev/null)"

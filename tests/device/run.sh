@@ -38,6 +38,10 @@
 #      rows), POOCH_XMC_HIDDEN (512), POOCH_XMC_BATCH (the CLI's default)
 #   9. compute-sanitizer memcheck on the benchmark's small shapes, if there is
 #      time and the tool works on this machine   (appended to opcheck_cuda.txt)
+#  10. only when asked (POOCH_DEVICE_STEPS="10"): the language-model issue's
+#      card runs, full finetuning of GPT-2 774M and LoRA on 1.5B, in core and
+#      with --device-memory 4G and 8G (ooc.sh gpt-large, gpt-xl-lora; about
+#      four minutes on an H200, planned, not measured)   (appended to ooc.txt)
 # A report goes to "$OUT" (summary.txt and one log per step: at most 8 files,
 # as the device tool returns no more), and a short table is printed last.
 # Under 9 minutes in all (each step has a timeout). POOCH_DEVICE_STEPS (e.g.
@@ -450,6 +454,30 @@ print(" ".join(parts))' 2>/dev/null)
   fi
   say "xmc epoch done"
 fi
+
+# ---- 10. GPT-2 774M (full) and 1.5B (LoRA) on 4 GB and 8 GB, when asked --------------
+for model in gpt-large gpt-xl-lora; do
+  t=$(( $(left) - 20 ))
+  [ $t -gt 260 ] && t=260
+  if ! wanted 10; then
+    :
+  elif [ $t -lt 60 ]; then
+    row "$model cards" "SKIP" "no time left"
+  else
+    echo "== ooc.sh $model" >> "$OUT/ooc.txt"
+    timeout $t bash tests/device/ooc.sh $model "$BIN" "$TMPD/ooc-$model" 8 > "$TMPD/ooc.txt" 2>&1
+    rc=$?
+    cat "$TMPD/ooc.txt" >> "$OUT/ooc.txt"
+    brief=$(grep -m1 '^summary: ' "$TMPD/ooc.txt" | sed 's/^summary: //')
+    rm -rf "$TMPD/ooc-$model"
+    case $rc in
+      0) row "$model cards" "ok" "same bits as in core; $(echo "$brief" | cut -c1-130)" ;;
+      124) STATUS=1; row "$model cards" "TIMEOUT" "after ${t}s (ooc.txt has what ran)" ;;
+      *) STATUS=1; row "$model cards" "FAIL" "exit $rc; $(grep -m1 -E 'rc=[1-9]|DIFFERS|ooc.sh:' "$TMPD/ooc.txt" | cut -c1-120)" ;;
+    esac
+    say "$model cards exit $rc"
+  fi
+done
 
 # ---- 6, continued: bench/ooc's tables on the card, time permitting ---------------------
 # Every strategy at 1/2, 1/3 and 1/5 of the in-core arena, and the CNNs'
