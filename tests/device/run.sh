@@ -318,31 +318,38 @@ fi
 # (XMC last: small and fast, it is there for the host launches, which no
 # other step runs on the card.)
 : > "$OUT/ooc.txt"
-for model in gpt resnet50 xmc; do
-  t=$(( $(left) - 110 ))
-  [ $t -gt 120 ] && t=120
-  if ! wanted 6; then
-    :
-  elif [ $t -lt 40 ]; then
-    row "$model out of core" "SKIP" "no time left"
-  else
-    echo "== ooc.sh $model" >> "$OUT/ooc.txt"
-    timeout $t bash tests/device/ooc.sh $model "$BIN" "$TMPD/ooc-$model" 12 > "$TMPD/ooc.txt" 2>&1
-    rc=$?
-    cat "$TMPD/ooc.txt" >> "$OUT/ooc.txt"
-    if [ $rc -eq 124 ]; then  # cut off: the end of the run it was in
-      last=$(ls -t "$TMPD/ooc-$model"/*.txt 2>/dev/null | head -n 1)
-      [ -n "$last" ] && { echo "== cut off in $(basename "$last"):"; tail -n 12 "$last"; } >> "$OUT/ooc.txt"
-    fi
-    rm -rf "$TMPD/ooc-$model"
-    brief=$(grep -m1 '^summary: ' "$TMPD/ooc.txt" | sed 's/^summary: //')
-    case $rc in
-      0) row "$model out of core" "ok" "same bits as in core; $(echo "$brief" | cut -c1-130)" ;;
-      124) STATUS=1; row "$model out of core" "TIMEOUT" "after ${t}s (ooc.txt has what ran)" ;;
-      *) STATUS=1; row "$model out of core" "FAIL" "exit $rc; $(grep -m1 -E 'rc=[1-9]|DIFFERS|ooc.sh:' "$TMPD/ooc.txt" | cut -c1-120)" ;;
-    esac
-    say "$model out of core exit $rc"
+# ooc_row STEP MODEL ROW_NAME STEPS RESERVE MAX MIN: one ooc.sh run, given
+# what is left less RESERVE seconds (at most MAX; skipped under MIN), into
+# ooc.txt and a row.
+ooc_row() {
+  local step=$1 model=$2 name=$3 steps=$4 t=$(( $(left) - $5 ))
+  [ $t -gt "$6" ] && t=$6
+  wanted "$step" || return 0
+  if [ $t -lt "$7" ]; then
+    row "$name" "SKIP" "no time left"
+    return 0
   fi
+  echo "== ooc.sh $model" >> "$OUT/ooc.txt"
+  timeout $t bash tests/device/ooc.sh "$model" "$BIN" "$TMPD/ooc-$model" "$steps" > "$TMPD/ooc.txt" 2>&1
+  local rc=$?
+  cat "$TMPD/ooc.txt" >> "$OUT/ooc.txt"
+  if [ $rc -eq 124 ]; then  # cut off: the end of the run it was in
+    local last
+    last=$(ls -t "$TMPD/ooc-$model"/*.txt 2>/dev/null | head -n 1)
+    [ -n "$last" ] && { echo "== cut off in $(basename "$last"):"; tail -n 12 "$last"; } >> "$OUT/ooc.txt"
+  fi
+  rm -rf "$TMPD/ooc-$model"
+  local brief
+  brief=$(grep -m1 '^summary: ' "$TMPD/ooc.txt" | sed 's/^summary: //')
+  case $rc in
+    0) row "$name" "ok" "same bits as in core; $(echo "$brief" | cut -c1-130)" ;;
+    124) STATUS=1; row "$name" "TIMEOUT" "after ${t}s (ooc.txt has what ran)" ;;
+    *) STATUS=1; row "$name" "FAIL" "exit $rc; $(grep -m1 -E 'rc=[1-9]|DIFFERS|ooc.sh:' "$TMPD/ooc.txt" | cut -c1-120)" ;;
+  esac
+  say "$name exit $rc"
+}
+for model in gpt resnet50 xmc; do
+  ooc_row 6 $model "$model out of core" 12 110 120 40
 done
 # ---- 7. GPT-2 124M beside PyTorch on the same card --------------------------------------
 # Context 1024, batch 8, GPT-2's vocabulary, random weights, 5 steps (the
@@ -457,26 +464,7 @@ fi
 
 # ---- 10. GPT-2 774M (full) and 1.5B (LoRA) on 4 GB and 8 GB, when asked --------------
 for model in gpt-large gpt-xl-lora; do
-  t=$(( $(left) - 20 ))
-  [ $t -gt 260 ] && t=260
-  if ! wanted 10; then
-    :
-  elif [ $t -lt 60 ]; then
-    row "$model cards" "SKIP" "no time left"
-  else
-    echo "== ooc.sh $model" >> "$OUT/ooc.txt"
-    timeout $t bash tests/device/ooc.sh $model "$BIN" "$TMPD/ooc-$model" 8 > "$TMPD/ooc.txt" 2>&1
-    rc=$?
-    cat "$TMPD/ooc.txt" >> "$OUT/ooc.txt"
-    brief=$(grep -m1 '^summary: ' "$TMPD/ooc.txt" | sed 's/^summary: //')
-    rm -rf "$TMPD/ooc-$model"
-    case $rc in
-      0) row "$model cards" "ok" "same bits as in core; $(echo "$brief" | cut -c1-130)" ;;
-      124) STATUS=1; row "$model cards" "TIMEOUT" "after ${t}s (ooc.txt has what ran)" ;;
-      *) STATUS=1; row "$model cards" "FAIL" "exit $rc; $(grep -m1 -E 'rc=[1-9]|DIFFERS|ooc.sh:' "$TMPD/ooc.txt" | cut -c1-120)" ;;
-    esac
-    say "$model cards exit $rc"
-  fi
+  ooc_row 10 $model "$model cards" 8 20 260 60
 done
 
 # ---- 6, continued: bench/ooc's tables on the card, time permitting ---------------------
