@@ -157,20 +157,17 @@ void Session::plan_paging(PlanningRun& run) {
   // `below_short_by`: how many bytes the level below (every count of this
   // level's tensors left at home) was short of the budget; 0 when it fitted,
   // and then `to_beat` is its slowdown, which a count must beat to matter.
-  auto page_fewer = [&](int level, size_t below_short_by, double to_beat) {
-    const Role role = level == 1 ? Role::optimizer_state : Role::weight;
-    std::vector<char>& mask = level == 3 ? host_update : paged;
-    std::vector<TensorId> cand;
-    for (size_t t = 0; t < mask.size(); ++t)
-      if (mask[t] && graph_.tensor(static_cast<TensorId>(t)).role == role)
-        cand.push_back(static_cast<TensorId>(t));
+  // How many of `cand` (largest first) stay set in `mask`, the rest cleared:
+  // choose_paging_count over plans of the step; `mask` ends as chosen.
+  auto choose_count = [&](std::vector<char>& mask, bool is_host_update, std::vector<TensorId> cand,
+                          size_t below_short_by, double to_beat) {
     std::stable_sort(cand.begin(), cand.end(), [&](TensorId a, TensorId b) {
       return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
     });
     auto plan_first = [&](size_t k) {
       std::vector<char> m = mask;
       for (size_t i = k; i < cand.size(); ++i) m[static_cast<size_t>(cand[i])] = 0;
-      if (level == 3)
+      if (is_host_update)
         plan_programs(paged, m, run);
       else
         plan_programs(m, host_update, run);
@@ -181,7 +178,7 @@ void Session::plan_paging(PlanningRun& run) {
     search.below_short_by = below_short_by;
     search.to_beat = to_beat;
     search.all_slowdown = slowdown();
-    search.pages_bytes = level < 3;
+    search.pages_bytes = !is_host_update;
     search.link_latency = profile_.link.latency;
     search.link_bandwidth = profile_.link.h2d_bandwidth;
     // Under `doubt` where there is one: slowdown() is at least that ratio.
@@ -197,6 +194,87 @@ void Session::plan_paging(PlanningRun& run) {
           return timed ? slowdown() : 0.0;
         });
     mask = plan_first(choice.count);
+  };
+  auto page_fewer = [&](int level, size_t below_short_by, double to_beat) {
+    const Role role = level == 1 ? Role::optimizer_state : Role::weight;
+    std::vector<char>& mask = level == 3 ? host_update : paged;
+    std::vector<TensorId> cand;
+    for (size_t t = 0; t < mask.size(); ++t)
+      if (mask[t] && graph_.tensor(static_cast<TensorId>(t)).role == role)
+        cand.push_back(static_cast<TensorId>(t));
+    choose_count(mask, level == 3, std::move(cand), below_short_by, to_beat);
+  };
+  // Level 3 chooses the updates that run on the host with everything else
+  // paged, where each update moved to the host saves its state's copies, so
+  // it moves many; but the rest may fit on the device beside the few that
+  // must go: a model whose one huge input layer needs the host (its weight
+  // and Adam state 48 GiB) kept its sixteen 4 096-wide layers paged on an
+  // 8 GB card, 5.71 GiB copied a step. So the plan is tried once more from
+  // the fewest updates on the host that fit (largest first), with the same
+  // count search over the paged tensors no host-run op reads (a host update
+  // mutates its weight and state at home, a sparse input layer on the host
+  // reads its bias there), and kept where its step is not slower.
+  auto page_fewer_beside_host_updates = [&] {
+    const std::vector<char> paged_before = paged, host_before = host_update;
+    const double before = slowdown();
+    std::vector<TensorId> hosted;
+    for (size_t t = 0; t < host_update.size(); ++t)
+      if (host_update[t]) hosted.push_back(static_cast<TensorId>(t));
+    std::stable_sort(hosted.begin(), hosted.end(), [&](TensorId a, TensorId b) {
+      return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
+    });
+    auto host_first = [&](size_t k) {
+      std::vector<char> m(host_update.size(), 0);
+      for (size_t i = 0; i < k; ++i) m[static_cast<size_t>(hosted[i])] = 1;
+      return m;
+    };
+    // None on the host is level 2, which did not fit; all of them did.
+    size_t lo = 0, hi = hosted.size();
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      try {
+        plan_programs(paged, host_first(mid), run);
+        hi = mid;
+      } catch (const Error& e) {
+        if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
+        lo = mid;
+      }
+    }
+    host_update = host_first(hi);
+    std::vector<char> pinned(paged.size(), 0);
+    for (const Node& nd : graph_.nodes()) {
+      bool reads_host_weight = false;
+      for (TensorId t : nd.inputs)
+        reads_host_weight = reads_host_weight || host_update[static_cast<size_t>(t)];
+      if (reads_host_weight)
+        for (TensorId t : nd.inputs) pinned[static_cast<size_t>(t)] = 1;
+    }
+    std::vector<TensorId> cand;
+    for (size_t t = 0; t < paged.size(); ++t)
+      if (paged[t] && !pinned[t]) cand.push_back(static_cast<TensorId>(t));
+    // First none of them paged; then the count search (with none as the
+    // level below, fitted or not), ties going to none.
+    std::vector<char> none = paged;
+    for (TensorId t : cand) none[static_cast<size_t>(t)] = 0;
+    std::optional<double> none_slowdown;
+    try {
+      plan_programs(none, host_update, run);
+      none_slowdown = slowdown();
+    } catch (const Error& e) {
+      if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
+    }
+    if (!cand.empty())
+      choose_count(paged, false, std::move(cand), none_slowdown ? 0 : 1,
+                   none_slowdown.value_or(std::numeric_limits<double>::infinity()));
+    if (none_slowdown && (paged == none || *none_slowdown <= slowdown() * kPagingTie)) {
+      paged = none;
+      plan_programs(paged, host_update, run);  // the plan kept is planned last
+    }
+    if (slowdown() > before) {
+      paged = paged_before;
+      host_update = host_before;
+      plan_programs(paged, host_update, run);
+    }
   };
   // Paging more does not only rescue a step that fits no other way: a level
   // that fits can still be slower than the next one (its activations
@@ -260,6 +338,7 @@ void Session::plan_paging(PlanningRun& run) {
         page_fewer(level, below_short_by,
                    below_short_by == 0 && fastest ? fastest->slowdown
                                                   : std::numeric_limits<double>::infinity());
+      if (level == 3) page_fewer_beside_host_updates();
       const double sd = slowdown(), est = slowdown_at_estimate();
       if (!fastest || (sd < fastest->slowdown && est <= fastest->at_estimate))
         fastest = Fitted{paged, host_update, sd, est, level};

@@ -550,6 +550,50 @@ size_t smallest_budget(const ModelSpec& spec, int max_paging, double clip_norm =
   return smallest;
 }
 
+// Where only updates on the host fit (a wide sparse input layer's weight
+// and Adam state at home), the paged tensors no host-run op reads and that
+// fit beside them stay on the device: the hidden layers were paged with the
+// rest, and their copies set the step (a 1 000 000-wide input on an 8 GB
+// card: 5.71 GiB copied a step where 128 MiB now are). Same bits.
+TEST(OutOfCore, WhatFitsBesideTheHostUpdatesStaysOnTheDevice) {
+  ModelSpec spec = spec_from_flags(InputKind::sparse, 20000, 32, 512, 0, 0, LossKind::bce, 0);
+  for (int i = 0; i < 3; ++i)
+    spec.layers.insert(spec.layers.begin() + 1, {LayerKind::linear, 512, "relu", 0, 0});
+  spec.run.batch = 32;
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  Session in_core(build_model(spec), cfg);
+  const auto expect = train(in_core, 3);
+  const size_t b2 = smallest_budget(spec, 2), b3 = smallest_budget(spec, 3);
+  ASSERT_LT(b3, b2);
+  for (size_t budget : {b2 - 1, b3}) {
+    SCOPED_TRACE(
+        fmt::format("budget {} (paging weights needs {}, updates on the host {})", budget, b2, b3));
+    SessionConfig oc = cfg;
+    oc.device_memory = budget;
+    Session s(build_model(spec), oc);
+    EXPECT_GT(s.out_of_core().host_updates, 0);
+    EXPECT_LE(s.memory_plan().peak, budget);
+    // The hidden layers' 512 x 512 weights and their Adam state: on the
+    // device where they fit (not at b3, where nothing else fits).
+    size_t hidden = 0, hidden_paged = 0;
+    for (size_t t = 0; t < s.graph().num_tensors(); ++t) {
+      const TensorDesc& d = s.graph().tensor(static_cast<TensorId>(t));
+      if ((d.role == Role::weight || d.role == Role::optimizer_state) &&
+          d.bytes() == 512 * 512 * sizeof(float)) {
+        ++hidden;
+        hidden_paged += s.layout().paged(static_cast<TensorId>(t)) ? 1 : 0;
+      }
+    }
+    EXPECT_EQ(hidden, 9u);
+    if (budget == b2 - 1) {
+      EXPECT_EQ(hidden_paged, 0u);
+    }
+    EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
+  }
+}
+
 // With clipping the gradients wait for their updates until every one is
 // made: each is a candidate to leave the device for that gap, and a paged
 // weight is paged in again for its update rather than kept through it. The
