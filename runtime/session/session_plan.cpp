@@ -217,6 +217,7 @@ void Session::plan_paging(PlanningRun& run) {
   auto page_fewer_beside_host_updates = [&] {
     const std::vector<char> paged_before = paged, host_before = host_update;
     const double before = slowdown();
+    if (before <= kPagingTie) return;  // a tie with in core: nothing to win
     std::vector<TensorId> hosted;
     for (size_t t = 0; t < host_update.size(); ++t)
       if (host_update[t]) hosted.push_back(static_cast<TensorId>(t));
