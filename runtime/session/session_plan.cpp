@@ -264,9 +264,11 @@ void Session::plan_paging(PlanningRun& run) {
     } catch (const Error& e) {
       if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
     }
-    if (!cand.empty())
+    if (!cand.empty()) {
+      plan_programs(paged, host_update, run);  // all of them paged: the search's last count
       choose_count(paged, false, std::move(cand), none_slowdown ? 0 : 1,
                    none_slowdown.value_or(std::numeric_limits<double>::infinity()));
+    }
     if (none_slowdown && (paged == none || *none_slowdown <= slowdown() * kPagingTie)) {
       paged = none;
       plan_programs(paged, host_update, run);  // the plan kept is planned last
