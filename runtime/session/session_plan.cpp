@@ -15,6 +15,7 @@
 
 #include "../../kernels/common/util.h"
 #include "../core/error.h"
+#include "../core/op_registry.h"
 #include "../plan/paging_search.h"
 #include "session.h"
 
@@ -218,9 +219,19 @@ void Session::plan_paging(PlanningRun& run) {
     const std::vector<char> paged_before = paged, host_before = host_update;
     const double before = slowdown();
     if (before <= kPagingTie) return;  // a tie with in core: nothing to win
+    // Only weights whose host update moves something: an update, or a row
+    // reader (a sparse input layer, an embedding); a frozen weight (LoRA's
+    // base) has neither, and pinning what reads it would keep every layer
+    // paged.
+    std::vector<char> row_read(host_update.size(), 0);
+    for (const Node& nd : graph_.nodes())
+      if (const OpDef& d = op_registry().get(nd.op); d.row_weight >= 0)
+        row_read[static_cast<size_t>(nd.inputs[static_cast<size_t>(d.row_weight)])] = 1;
     std::vector<TensorId> hosted;
     for (size_t t = 0; t < host_update.size(); ++t)
-      if (host_update[t]) hosted.push_back(static_cast<TensorId>(t));
+      if (host_update[t] && (graph_.tensor(static_cast<TensorId>(t)).trainable || row_read[t]))
+        hosted.push_back(static_cast<TensorId>(t));
+    if (hosted.empty()) return;
     std::stable_sort(hosted.begin(), hosted.end(), [&](TensorId a, TensorId b) {
       return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
     });
@@ -229,7 +240,9 @@ void Session::plan_paging(PlanningRun& run) {
       for (size_t i = 0; i < k; ++i) m[static_cast<size_t>(hosted[i])] = 1;
       return m;
     };
-    // None on the host is level 2, which did not fit; all of them did.
+    // None on the host is level 2, which did not fit (level 3 is never a
+    // bet: the loop stops at the first level that fits past level 1); all
+    // of them did.
     size_t lo = 0, hi = hosted.size();
     while (hi - lo > 1) {
       const size_t mid = lo + (hi - lo) / 2;
@@ -254,26 +267,30 @@ void Session::plan_paging(PlanningRun& run) {
     for (size_t t = 0; t < paged.size(); ++t)
       if (paged[t] && !pinned[t]) cand.push_back(static_cast<TensorId>(t));
     // First none of them paged; then the count search (with none as the
-    // level below, fitted or not), ties going to none.
+    // level below, fitted or short by what it needed), ties going to none.
     std::vector<char> none = paged;
     for (TensorId t : cand) none[static_cast<size_t>(t)] = 0;
     std::optional<double> none_slowdown;
+    size_t none_short_by = 1;
     try {
       plan_programs(none, host_update, run);
       none_slowdown = slowdown();
     } catch (const Error& e) {
       if (e.code() != POOCH_ERR_OUT_OF_BUDGET) throw;
+      if (const auto* ob = dynamic_cast<const OutOfBudget*>(&e); ob && ob->needed_bytes() > budget_)
+        none_short_by = ob->needed_bytes() - budget_;
     }
-    if (!cand.empty()) {
+    const bool any = !cand.empty();
+    if (any) {
       plan_programs(paged, host_update, run);  // all of them paged: the search's last count
-      choose_count(paged, false, std::move(cand), none_slowdown ? 0 : 1,
+      choose_count(paged, false, std::move(cand), none_slowdown ? 0 : none_short_by,
                    none_slowdown.value_or(std::numeric_limits<double>::infinity()));
+      if (none_slowdown && *none_slowdown <= slowdown() * kPagingTie) {
+        paged = none;
+        plan_programs(paged, host_update, run);  // the plan kept is planned last
+      }
     }
-    if (none_slowdown && (paged == none || *none_slowdown <= slowdown() * kPagingTie)) {
-      paged = none;
-      plan_programs(paged, host_update, run);  // the plan kept is planned last
-    }
-    if (slowdown() > before) {
+    if ((!any && !none_slowdown) || slowdown() > before) {
       paged = paged_before;
       host_update = host_before;
       plan_programs(paged, host_update, run);
