@@ -493,6 +493,7 @@ nlohmann::ordered_json plan_json(const pooch::Session& ss) {
            {"predicted_seconds", sim.seconds},
            {"predicted_in_core_seconds", r.predicted_in_core},
            {"compute_seconds", sim.compute_seconds},
+           {"host_launch_seconds", sim.host_seconds},
            {"swapped_bytes", sc.swapped_bytes},
            {"recomputed_bytes", sc.recomputed_bytes},
            {"paged_bytes", sc.paged_bytes},

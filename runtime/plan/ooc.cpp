@@ -262,11 +262,14 @@ Simulation simulate(const Schedule& s, const Profile& p) {
   Simulation sim;
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const ScheduleStep& st = s.steps[i];
-    if (st.kind == StepKind::launch && st.stream == Stream::compute) {
+    if (st.kind == StepKind::launch) {
       const auto slot = static_cast<size_t>(st.index);
       const auto node = static_cast<size_t>(s.launch_node[slot]);
-      sim.compute_seconds +=
-          replay_slot(s, slot) ? p.recompute_seconds(node) : p.node_seconds[node];
+      if (st.stream != Stream::compute)
+        sim.host_seconds += p.host_seconds(node);
+      else
+        sim.compute_seconds +=
+            replay_slot(s, slot) ? p.recompute_seconds(node) : p.node_seconds[node];
     }
     // A stream's time never goes back: the latest end is the latest stream.
     sim.seconds = std::max(sim.seconds, timeline[i].end);

@@ -84,6 +84,10 @@ Profile median_profile(const std::vector<Profile>& runs);
 struct Simulation {
   double seconds = 0;          // the step, first copy to last
   double compute_seconds = 0;  // launches alone
+  // Host kernels (launches on a copy stream): their time on the host, which
+  // the compute stream waits for as it waits for copies (a sparse input
+  // layer on the host can be most of a step's stall).
+  double host_seconds = 0;
   double stall_seconds() const { return seconds - compute_seconds; }
 };
 // Replays the schedule's steps on three timelines with their event waits

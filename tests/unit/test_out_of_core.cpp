@@ -590,6 +590,10 @@ TEST(OutOfCore, WhatFitsBesideTheHostUpdatesStaysOnTheDevice) {
     if (budget == b2 - 1) {
       EXPECT_EQ(hidden_paged, 0u);
     }
+    // The host launches' time is counted apart from the device's launches.
+    const Simulation sim = simulate(*s.schedule(ProgramKind::train_step), s.profile());
+    EXPECT_GT(sim.host_seconds, 0.0);
+    EXPECT_EQ(sim.seconds, s.out_of_core().predicted_seconds);
     EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
   }
 }

@@ -322,7 +322,8 @@ POOCH_API pooch_status pooch_session_memory(const pooch_session* s, pooch_memory
  * "in_core_arena", "arena" (what the step needs), "arena_taken",
  * "persistent_bytes", "host_pool" (taken), "host_bytes" (what the step
  * needs), "predicted_seconds", "predicted_in_core_seconds",
- * "compute_seconds", "swapped_bytes", "recomputed_bytes", "plans_tried",
+ * "compute_seconds", "host_launch_seconds" (the host kernels' time, which
+ * the device waits for as it waits for copies), "swapped_bytes", "recomputed_bytes", "plans_tried",
  * "plan_seconds" (the out-of-core search's wall time), "paged_bytes" (weights
  * and optimizer state whose home is the host pool), "paged_copy_bytes" (what
  * a step copies for them, both ways); "paged": each paged tensor as {"name",
