@@ -171,14 +171,6 @@ double time_steps(Session& s, int steps) {
   return median(t);
 }
 
-double flops_of(const Graph& g, const Node& n) {
-  std::vector<const TensorDesc*> in, out;
-  for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
-  for (TensorId y : n.outputs) out.push_back(&g.tensor(y));
-  const OpDef& def = op_registry().get(n.op);
-  return def.flops ? def.flops(in, out, n.attrs) : 0;
-}
-
 // Planning time alone (no memory taken, nothing run: plan-only sessions)
 // for chains whose train step has about 300, 1000 and 2000 nodes, at a
 // budget that leaves a third of the activation memory, per strategy.
@@ -300,7 +292,7 @@ int main(int argc, char** argv) {
       const Profile& prof = in_core.profile();
       double flops = 0, secs = 0;
       for (const Launch& l : in_core.schedule(ProgramKind::train_step)->launches) {
-        flops += flops_of(in_core.graph(), in_core.graph().nodes()[static_cast<size_t>(l.node)]);
+        flops += node_flops(in_core.graph(), in_core.graph().nodes()[static_cast<size_t>(l.node)]);
         secs += prof.node_seconds[static_cast<size_t>(l.node)];
       }
       const double rate = flops / std::max(secs, 1e-9);

@@ -601,18 +601,14 @@ nlohmann::ordered_json profile_json(pooch::Session& ss) {
     if (seen[n]) continue;  // a recompute launch: measured once
     seen[n] = 1;
     const pooch::Node& nd = g.nodes()[n];
-    std::vector<const pooch::TensorDesc*> in, out;
-    for (pooch::TensorId x : nd.inputs) in.push_back(&g.tensor(x));
-    for (pooch::TensorId y : nd.outputs) out.push_back(&g.tensor(y));
-    const pooch::OpDef& def = pooch::op_registry().get(nd.op);
-    const double flops = def.flops ? def.flops(in, out, nd.attrs) : 0;
+    const double flops = pooch::node_flops(g, nd);
     const double secs = prof.node_seconds[n];
     total += secs;
     ops.push_back({{"op", nd.op},
                    {"node", l.node},
                    {"seconds", secs},
                    {"flops", flops},
-                   {"bytes", pooch::op_bytes(in, out)},
+                   {"bytes", pooch::node_bytes(g, nd)},
                    {"gflops", secs > 0 ? flops / secs * 1e-9 : 0.0}});
   }
   return json{{"seconds", total}, {"step", ss.optimizer_step()}, {"ops", std::move(ops)}};

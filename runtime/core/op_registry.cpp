@@ -13,6 +13,34 @@ double op_bytes(InDescs in, InDescs out) {
   return b;
 }
 
+double op_bytes(const OpDef& def, InDescs in, InDescs out, const Attrs& attrs) {
+  if (def.bytes) return def.bytes(in, out, attrs);
+  // An input the op writes into (an optimizer's weight and state) is read
+  // and written: Adam moves 7 floats an element, not 4.
+  double b = op_bytes(in, out);
+  for (int i : def.mutates) b += static_cast<double>(in[static_cast<size_t>(i)]->bytes());
+  return b;
+}
+
+NodeOperands node_operands(const Graph& g, const Node& n) {
+  NodeOperands o;
+  for (TensorId x : n.inputs) o.in.push_back(&g.tensor(x));
+  for (TensorId y : n.outputs) o.out.push_back(&g.tensor(y));
+  return o;
+}
+
+double node_flops(const Graph& g, const Node& n) {
+  const OpDef& def = op_registry().get(n.op);
+  if (!def.flops) return 0;
+  const NodeOperands o = node_operands(g, n);
+  return def.flops(o.in, o.out, n.attrs);
+}
+
+double node_bytes(const Graph& g, const Node& n) {
+  const NodeOperands o = node_operands(g, n);
+  return op_bytes(op_registry().get(n.op), o.in, o.out, n.attrs);
+}
+
 void OpRegistry::add(OpDef def) {
   POOCH_CHECK(!def.name.empty() && find(def.name) == nullptr, "(duplicate op)");
   POOCH_CHECK(static_cast<bool>(def.infer), "(op without shape inference)");

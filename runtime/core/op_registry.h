@@ -2,6 +2,7 @@
 // shape inference, cost, in-place permission and how to differentiate it.
 // Kernels live in the backends' tables (kernels/*/), keyed by the same name.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <span>
 #include <string>
@@ -34,6 +35,14 @@ struct OpDef {
   std::function<std::vector<OutSpec>(InDescs in, const Attrs& attrs)> infer;
   // Floating point operations of one call (for the profiler and benchmarks).
   std::function<double(InDescs in, InDescs out, const Attrs& attrs)> flops;
+  // Bytes one call reads and writes, where that is less than all of its
+  // operands (op_bytes): an op that reads only the rows its indices name
+  // moves at most as many rows as the indices have slots, however large the
+  // table (a 16 GB input layer read by a batch of 262 144 nonzeros). Empty:
+  // every operand once, a mutated one twice (op_bytes(def, ...)). The
+  // estimated profile (--machine, and a host kernel's time) prices a node
+  // by it.
+  std::function<double(InDescs in, InDescs out, const Attrs& attrs)> bytes;
   // Output 0 may take this input's buffer when that input dies at this op.
   int inplace_input = -1;
   // Whether output 0 is exactly input 0's bytes in the same order for these
@@ -75,6 +84,19 @@ struct OpDef {
 
 // Bytes read and written by one call, from the operand sizes.
 double op_bytes(InDescs in, InDescs out);
+// What one call of op `def` moves: OpDef::bytes where it says, else every
+// operand once and the inputs it writes into (OpDef::mutates) twice.
+double op_bytes(const OpDef& def, InDescs in, InDescs out, const Attrs& attrs);
+
+// A node's operands, as OpDef's functions take them.
+struct NodeOperands {
+  std::vector<const TensorDesc*> in, out;
+};
+NodeOperands node_operands(const Graph& g, const Node& n);
+// Floating point operations (0 where the op does not say) and bytes moved by
+// one call of node n.
+double node_flops(const Graph& g, const Node& n);
+double node_bytes(const Graph& g, const Node& n);
 
 class OpRegistry {
  public:
@@ -115,6 +137,12 @@ void expect_dim(std::string_view op, const TensorDesc& t, int dim, const char* r
                 const TensorDesc& ref, int ref_dim, const char* ref_role);
 inline double numel(const TensorDesc* t) {
   return static_cast<double>(t->numel());
+}
+// The bytes of at most `rows` rows of table t (rank 2): what an op that
+// reads only the rows its indices name moves of it (OpDef::bytes).
+inline double table_rows_bytes(const TensorDesc* t, int64_t rows) {
+  return static_cast<double>(std::min(rows, t->shape[0]) * t->shape[1]) *
+         static_cast<double>(dtype_size(t->dtype));
 }
 // The backward builders name a gradient after the tensor it belongs to.
 std::string grad_name(const Graph& g, TensorId t);

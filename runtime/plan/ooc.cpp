@@ -49,23 +49,17 @@ Profile estimate_profile(const Graph& g, double flops_per_second, double bytes_p
                          const LinkModel& link, double launch_seconds) {
   Profile p;
   p.link = link;
-  auto seconds_of = [&](const Node& n, const OpDef& def) {
-    std::vector<const TensorDesc*> in, out;
-    for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
-    for (TensorId y : n.outputs) out.push_back(&g.tensor(y));
-    const double flops = def.flops ? def.flops(in, out, n.attrs) : 0;
-    return std::max(flops / flops_per_second, op_bytes(in, out) / bytes_per_second) +
+  auto seconds_of = [&](const Node& n) {
+    return std::max(node_flops(g, n) / flops_per_second, node_bytes(g, n) / bytes_per_second) +
            launch_seconds;
   };
   p.replay_seconds.assign(g.nodes().size(), 0);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
     const OpDef& def = op_registry().get(n.op);
-    p.node_seconds.push_back(seconds_of(n, def));
-    if (recompute_replays(n, def) && !def.replay.op.empty()) {
-      const Node r = recompute_node(n, def);
-      p.replay_seconds[i] = seconds_of(r, op_registry().get(r.op));
-    }
+    p.node_seconds.push_back(seconds_of(n));
+    if (recompute_replays(n, def) && !def.replay.op.empty())
+      p.replay_seconds[i] = seconds_of(recompute_node(n, def));
   }
   return p;
 }

@@ -157,9 +157,7 @@ std::vector<int> select_nodes(const Graph& g, const std::vector<TensorId>& wante
 bool runs_as_view(const Graph& g, const Node& n) {
   const OpDef& def = op_registry().get(n.op);
   if (!def.view || n.inputs.empty() || n.outputs.empty()) return false;
-  std::vector<const TensorDesc*> in;
-  for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
-  return def.view(in, n.attrs);
+  return def.view(node_operands(g, n).in, n.attrs);
 }
 
 const kern::KernelVariant* find_kernel(std::span<const kern::KernelVariant> kernels,

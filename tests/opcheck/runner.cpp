@@ -701,7 +701,7 @@ struct Checker {
       const double f = x.def->flops(in, out, x.graph_attrs);
       flops = fmt::format("{:.3g} GFLOP/s", f / (us * 1e3));
     }
-    const double bytes = op_bytes(in, out);
+    const double bytes = op_bytes(*x.def, in, out, x.graph_attrs);
     std::printf("BENCH %s: %.2f us, %s, %.3g GB/s\n", what.c_str(), us, flops.c_str(),
                 bytes / (us * 1e3));
   }

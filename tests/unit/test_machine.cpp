@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -140,17 +141,46 @@ TEST(Machine, NodeTimesFollowTheCardsRoofline) {
   int compute_bound = 0;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    std::vector<const TensorDesc*> in, out;
-    for (TensorId x : n.inputs) in.push_back(&g.tensor(x));
-    for (TensorId y : n.outputs) out.push_back(&g.tensor(y));
-    const OpDef& def = op_registry().get(n.op);
-    const double flops = def.flops ? def.flops(in, out, n.attrs) : 0;
-    const double t_c = flops / (m.flops * m.compute_efficiency);
-    const double t_m = op_bytes(in, out) / (m.memory_bandwidth * m.memory_efficiency);
+    const double t_c = node_flops(g, n) / (m.flops * m.compute_efficiency);
+    const double t_m = node_bytes(g, n) / (m.memory_bandwidth * m.memory_efficiency);
     EXPECT_DOUBLE_EQ(p.node_seconds[i], std::max(t_c, t_m) + m.launch_overhead) << n.op;
     compute_bound += t_c > t_m;
   }
   EXPECT_GT(compute_bound, 0);  // the linears: the roofline's other side is exercised
+}
+
+// An op that reads only the rows its indices name is priced by those rows,
+// not by its whole table: a bag-of-words layer ten times wider costs the same
+// per step, and so does its row-sparse update (on the card and on the host).
+TEST(Machine, RowReadersArePricedByTheRowsTheirIndicesName) {
+  const Machine m = read_machine(machines_dir() + "/rtx3050.json");
+  auto times = [&](int64_t width) {
+    ModelSpec s = spec_from_flags(InputKind::sparse, width, 300, 64, 0, 8, LossKind::bce, 0);
+    s.run.batch = 32;  // at most 32 * 64 nonzeros: 2048 rows of the input layer
+    const Session session(build_model(s), for_card("rtx3050.json"));  // the train step's graph
+    const Graph& g = session.graph();
+    const Profile p = machine_profile(g, m);
+    std::map<std::string, std::pair<double, double>> t;  // op: device, host seconds
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const Node& n = g.nodes()[i];
+      if (n.op != "sparse_linear" && n.op != "adam_update_rows") continue;
+      const NodeOperands o = node_operands(g, n);
+      EXPECT_LT(node_bytes(g, n), op_bytes(o.in, o.out) / 10) << n.op << " at width " << width;
+      t[n.op] = {p.node_seconds[i], p.host_node_seconds[i]};
+    }
+    return t;
+  };
+  const auto narrow = times(100000), wide = times(1000000);
+  ASSERT_EQ(narrow.size(), 2u);
+  EXPECT_EQ(narrow, wide);
+
+  // The embedding's gather: the ids' rows of the table.
+  const TensorDesc ids{"ids", DType::i32, {4, 8}, Role::input};
+  const TensorDesc table{"wte", DType::f32, {50000, 16}, Role::weight};
+  const TensorDesc out{"x", DType::f32, {4, 8, 16}, Role::activation};
+  const std::vector<const TensorDesc*> in{&ids, &table}, outs{&out};
+  EXPECT_DOUBLE_EQ(op_bytes(op_registry().get("embedding"), in, outs, {}),
+                   double(ids.bytes() + 32 * 16 * 4 + out.bytes()));
 }
 
 TEST(Machine, SessionPlansForTheCardWithoutTakingMemory) {

@@ -71,6 +71,11 @@ void add_embedding(OpRegistry& r) {
     return {OutSpec{in[1]->dtype, append(in[0]->shape, in[1]->shape[1])}};
   };
   e.flops = [](InDescs, InDescs, const Attrs&) { return 0.0; };  // a gather moves, never computes
+  // Of the table, only the rows the ids name.
+  e.bytes = [](InDescs in, InDescs out, const Attrs&) {
+    return op_bytes(in, out) - static_cast<double>(in[1]->bytes()) +
+           table_rows_bytes(in[1], in[0]->numel());
+  };
   // Row-sparse by default: a batch touches few of a vocabulary's rows, and a
   // table tied to a dense use (the output projection) gets the rows added
   // into that dense gradient (scatter_add_rows). dense_grad = 1: a dense

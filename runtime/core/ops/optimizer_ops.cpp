@@ -113,6 +113,15 @@ constexpr double kAdamCost = 15;
 double rows_elems(InDescs in) {
   return static_cast<double>(in[2]->numel());
 }
+// And of the weight and each state, at most those R rows move, read and
+// written.
+double rows_bytes(InDescs in) {
+  const int64_t r = in[1]->shape[0] - 1;
+  double b = static_cast<double>(in[1]->bytes() + in[2]->bytes());
+  for (size_t i = 0; i < in.size(); ++i)
+    if (i != 1 && i != 2) b += 2 * table_rows_bytes(in[i], r);
+  return b;
+}
 
 }  // namespace
 
@@ -176,6 +185,7 @@ void register_optimizer_ops(OpRegistry& r) {
       return {};
     };
     d.flops = [](InDescs in, InDescs, const Attrs& a) { return sgd_cost(a) * rows_elems(in); };
+    d.bytes = [](InDescs in, InDescs, const Attrs&) { return rows_bytes(in); };
     r.add(std::move(d));
   }
   {
@@ -189,6 +199,7 @@ void register_optimizer_ops(OpRegistry& r) {
       return {};
     };
     d.flops = [](InDescs in, InDescs, const Attrs&) { return kAdamCost * rows_elems(in); };
+    d.bytes = [](InDescs in, InDescs, const Attrs&) { return rows_bytes(in); };
     r.add(std::move(d));
   }
 }

@@ -79,6 +79,11 @@ void add_sparse_linear(OpRegistry& r) {
   fwd.flops = [](InDescs in, InDescs out, const Attrs&) {
     return 2.0 * numel(in[1]) * static_cast<double>(in[3]->shape[1]) + numel(out[0]);
   };
+  // Of the weight, only the rows the N nonzeros name.
+  fwd.bytes = [](InDescs in, InDescs out, const Attrs&) {
+    return op_bytes(in, out) - static_cast<double>(in[3]->bytes()) +
+           table_rows_bytes(in[3], in[1]->shape[0]);
+  };
   fwd.backward = [](Graph& g, const Node& node, std::span<const TensorId> dy,
                     const std::vector<char>& needs, std::span<TensorId> dx) {
     if (dy[0] == kNoTensor || (!needs[3] && !needs[4])) return;
