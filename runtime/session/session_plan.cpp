@@ -160,11 +160,15 @@ void Session::plan_paging(PlanningRun& run) {
   // and then `to_beat` is its slowdown, which a count must beat to matter.
   // How many of `cand` (largest first) stay set in `mask`, the rest cleared:
   // choose_paging_count over plans of the step; `mask` ends as chosen.
-  auto choose_count = [&](std::vector<char>& mask, bool is_host_update, std::vector<TensorId> cand,
-                          size_t below_short_by, double to_beat) {
-    std::stable_sort(cand.begin(), cand.end(), [&](TensorId a, TensorId b) {
+  // Largest first, ties in tensor order (deterministic plans).
+  auto sort_largest_first = [&](std::vector<TensorId>& ts) {
+    std::stable_sort(ts.begin(), ts.end(), [&](TensorId a, TensorId b) {
       return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
     });
+  };
+  auto choose_count = [&](std::vector<char>& mask, bool is_host_update, std::vector<TensorId> cand,
+                          size_t below_short_by, double to_beat) {
+    sort_largest_first(cand);
     auto plan_first = [&](size_t k) {
       std::vector<char> m = mask;
       for (size_t i = k; i < cand.size(); ++i) m[static_cast<size_t>(cand[i])] = 0;
@@ -232,9 +236,7 @@ void Session::plan_paging(PlanningRun& run) {
       if (host_update[t] && (graph_.tensor(static_cast<TensorId>(t)).trainable || row_read[t]))
         hosted.push_back(static_cast<TensorId>(t));
     if (hosted.empty()) return;
-    std::stable_sort(hosted.begin(), hosted.end(), [&](TensorId a, TensorId b) {
-      return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
-    });
+    sort_largest_first(hosted);
     auto host_first = [&](size_t k) {
       std::vector<char> m(host_update.size(), 0);
       for (size_t i = 0; i < k; ++i) m[static_cast<size_t>(hosted[i])] = 1;
