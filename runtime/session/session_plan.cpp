@@ -155,17 +155,17 @@ void Session::plan_paging(PlanningRun& run) {
     return std::max(at_estimate,
                     simulate(*ts, *run.doubt).seconds / std::max(in_core_doubt_0, 1e-12));
   };
-  // `below_short_by`: how many bytes the level below (every count of this
-  // level's tensors left at home) was short of the budget; 0 when it fitted,
-  // and then `to_beat` is its slowdown, which a count must beat to matter.
-  // How many of `cand` (largest first) stay set in `mask`, the rest cleared:
-  // choose_paging_count over plans of the step; `mask` ends as chosen.
   // Largest first, ties in tensor order (deterministic plans).
   auto sort_largest_first = [&](std::vector<TensorId>& ts) {
     std::stable_sort(ts.begin(), ts.end(), [&](TensorId a, TensorId b) {
       return graph_.tensor(a).bytes() > graph_.tensor(b).bytes();
     });
   };
+  // `below_short_by`: how many bytes the level below (every count of this
+  // level's tensors left at home) was short of the budget; 0 when it fitted,
+  // and then `to_beat` is its slowdown, which a count must beat to matter.
+  // How many of `cand` (largest first) stay set in `mask`, the rest cleared:
+  // choose_paging_count over plans of the step; `mask` ends as chosen.
   auto choose_count = [&](std::vector<char>& mask, bool is_host_update, std::vector<TensorId> cand,
                           size_t below_short_by, double to_beat) {
     sort_largest_first(cand);
