@@ -261,11 +261,13 @@ void add_machine_flag(CLI::App* app, DeviceFlags& f) {
 }
 
 int open_session(pooch_model* model, const DeviceFlags& f, SessionHandle& s, Output& out,
-                 float clip_norm) {
+                 const pooch_session_params* base) {
   pooch_session_params sp;
-  pooch_session_default_params(&sp);
+  if (base)
+    sp = *base;
+  else
+    pooch_session_default_params(&sp);
   sp.resume = 0;
-  sp.clip_norm = clip_norm;
   std::string err;
   if (!apply_device_flags(f, &sp, &err)) return out.fail(kUsage, err);
   if (pooch_status st = pooch_session_create(model, &sp, &s.p)) return out.fail(st, "session");

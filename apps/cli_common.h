@@ -137,10 +137,11 @@ using TokensHandle = Handle<int32_t, pooch_tokens_free>;
 void print_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
                  const char* indent = "  ");
 
-// A session that runs `model` (no training) where the device flags say.
-// Exit code.
+// A session that runs `model` where the device flags say, with `base`'s
+// other parameters (the optimizer, clipping: plan's train step) or the
+// defaults. Exit code.
 int open_session(pooch_model* model, const DeviceFlags& f, SessionHandle& s, Output& out,
-                 float clip_norm = 0);
+                 const pooch_session_params* base = nullptr);
 
 // Exit 2 (naming the flag and the path) unless the directory that is to hold
 // each output file exists and the path is not itself a directory: checked

@@ -64,11 +64,19 @@ int run_plan(PlanOpts& o) {
   SessionHandle s;
   const std::string what = o.model.empty() ? o.mf.spec : o.model;
   o.device.plan_only = true;  // nothing is trained: take no memory
-  // Plan the step train would run: gpt models clip by default, and clipping
+  // Plan the step train would run on a spec or model: its optimizer (Adam
+  // unless --optimizer says otherwise; an SGD step keeps one state tensor
+  // per weight where Adam keeps two), and for gpt models clipping, which
   // keeps every gradient until the updates.
-  if (o.tf.clip_norm < 0)
-    o.tf.clip_norm = std::string(pooch_model_family(model.p)) == "gpt" ? 1.0f : 0.0f;
-  if (int rc = open_session(model.p, o.device, s, out, o.tf.clip_norm)) {
+  if (std::string(pooch_model_family(model.p)) == "gpt")
+    o.tf.resolve_gpt();
+  else
+    o.tf.resolve(false);
+  pooch_session_params sp;
+  pooch_session_default_params(&sp);
+  apply_optimizer_flags(o.tf, o.tf.optimizer, &sp);
+  out.result()["optimizer"] = o.tf.optimizer;
+  if (int rc = open_session(model.p, o.device, s, out, &sp)) {
     // For a described card, "it does not fit" is the answer, not a failure
     // of the command's own: say so on stdout too (the exit code stays).
     if (!o.device.machine.empty() && rc == kOutOfBudget) {
@@ -88,8 +96,9 @@ int run_plan(PlanOpts& o) {
   const double in_core = plan.value("in_core_arena", 0.0);
   const double t = plan.value("predicted_seconds", 0.0);
   const double t0 = plan.value("predicted_in_core_seconds", 0.0);
-  std::printf("plan of a train step of %s (%s, %s backend, %s profile)\n", what.c_str(),
-              pooch_model_family(model.p), plan.value("backend", std::string("?")).c_str(),
+  std::printf("plan of a train step of %s (%s, %s, %s backend, %s profile)\n", what.c_str(),
+              pooch_model_family(model.p), o.tf.optimizer.c_str(),
+              plan.value("backend", std::string("?")).c_str(),
               plan.value("profile", std::string("?")).c_str());
   if (plan.contains("machine")) {
     const Json& m = plan["machine"];
@@ -318,6 +327,11 @@ Command add_plan(CLI::App& app) {
                 "Plan a step that clips the gradients to this global norm (0: none; default as "
                 "train: 1 for gpt models, else none)")
       ->check(in_range(0, 1e6, false))
+      ->default_str("auto");
+  c->add_option("--optimizer", o->tf.optimizer,
+                "Plan the step of adam, adamw or sgd (with momentum), as train --optimizer; "
+                "default: adam, as train on a spec or model")
+      ->transform(one_of({"auto", "adam", "adamw", "sgd"}))
       ->default_str("auto");
   c->add_option("--svg", o->svg, "Draw memory and the streams over one step")
       ->type_name("FILE.svg");

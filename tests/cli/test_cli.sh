@@ -256,8 +256,22 @@ cat > plan-resnet.json <<'JSON'
 {"family": "resnet", "depth": 18, "width": 2, "input": {"channels": 3, "height": 16, "width": 16},
  "classes": 5, "batch": 4}
 JSON
-expect plan-spec-resnet 0 "$RUN" plan --spec plan-resnet.json --device-memory 64M "${T[@]}"
-contains plan-spec-resnet-family plan-spec-resnet.out '^plan of a train step of plan-resnet.json \(resnet,'
+expect plan-spec-resnet 0 "$RUN" plan --spec plan-resnet.json --device-memory 64M --json "${T[@]}"
+contains plan-spec-resnet-family plan-spec-resnet.out '^plan of a train step of plan-resnet.json \(resnet, adam,'
+# --optimizer sgd plans train --optimizer sgd's step: one momentum tensor a
+# weight where Adam keeps two, so a smaller in-core arena.
+expect plan-spec-resnet-sgd 0 "$RUN" plan --spec plan-resnet.json --device-memory 64M --optimizer sgd \
+  --json "${T[@]}"
+contains plan-spec-resnet-sgd-named plan-spec-resnet-sgd.out '^plan of a train step of plan-resnet.json \(resnet, sgd,'
+contains plan-spec-resnet-sgd-json plan-spec-resnet-sgd.out '"optimizer":"sgd"'
+ARENA_ADAM=$(json_last plan-spec-resnet.out | grep -Eo '"in_core_arena":[0-9]+' | cut -d: -f2)
+ARENA_SGD=$(json_last plan-spec-resnet-sgd.out | grep -Eo '"in_core_arena":[0-9]+' | cut -d: -f2)
+if [ -n "$ARENA_SGD" ] && [ -n "$ARENA_ADAM" ] && [ "$ARENA_SGD" -lt "$ARENA_ADAM" ]; then
+  pass plan-spec-resnet-sgd-smaller
+else
+  fail "plan-spec-resnet-sgd-smaller (sgd ${ARENA_SGD:-?} against adam ${ARENA_ADAM:-?} bytes)"
+fi
+expect plan-optimizer-unknown 1 "$RUN" plan --spec plan-resnet.json --optimizer rmsprop "${T[@]}"
 printf '{"family": "mlp", "outputs": 2, "outputs": 3, "input": {"width": 4}, "layers": []}' \
   > plan-mlp-twice.json
 expect plan-spec-repeated 2 "$RUN" plan --spec plan-mlp-twice.json "${T[@]}"

@@ -32,7 +32,11 @@
 # (tests/meson.build's device_ooc_cpu does, so the script does not rot):
 # POOCH_OOC_SPEC (a spec file), POOCH_OOC_CONTEXT (gpt), POOCH_OOC_IMAGE
 # (resnet50: the side in pixels), POOCH_OOC_SCALE (xmc: the synthetic set's
-# scale, default 1), POOCH_OOC_DEVICE; POOCH_OOC_BUDGETS replaces the
+# scale, default 1), POOCH_OOC_DEVICE. POOCH_OOC_MACHINE (a machines/*.json
+# description of the card, gpt and resnet50 only) adds, after each run, what
+# `pooch-run plan --machine` predicts for the same step and arena, so the
+# description is checked against the card (a second of CPU; no device
+# time). POOCH_OOC_BUDGETS replaces the
 # budgets below the in-core run: "NAME:BUDGET:STRATEGY ...", BUDGET either
 # /N (the in-core arena over N, plus what the backend keeps) or a size
 # such as 4G (what the card has).
@@ -46,6 +50,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 mkdir -p "$WORK"
 DEVICE=${POOCH_OOC_DEVICE:-cuda}
+PLAN_SHAPE=  # the plan spec's additions and flags, for POOCH_OOC_MACHINE
+PLAN_FLAGS=()
 case $MODEL in
   gpt)
     SPEC=${POOCH_OOC_SPEC:-$WORK/gpt2-bytes.json}
@@ -53,6 +59,7 @@ case $MODEL in
     COMMON=(train --spec "$SPEC" --data "$ROOT/apps/data/kjv-genesis.txt" --bytes
             --device "$DEVICE" --batch 8 --context "${POOCH_OOC_CONTEXT:-1024}"
             --steps "$STEPS" --valid-fraction 0 --warmup 2 --lr 3e-4 --seed 7 --json)
+    PLAN_SHAPE='{"batch": 8, "seq": '"${POOCH_OOC_CONTEXT:-1024}"'}'
     ;;
   resnet50)
     SPEC=${POOCH_OOC_SPEC:-$WORK/resnet50.json}
@@ -78,6 +85,9 @@ EOF
     COMMON=(train --spec "$SPEC" --data "$WORK/images_x.npy" --targets "$WORK/images_y.npy"
             --device "$DEVICE" --batch 32 --epochs 1 --valid-fraction 0 --early-stop 0
             --optimizer sgd --lr 0.01 --seed 7 --json)
+    side=${POOCH_OOC_IMAGE:-128}
+    PLAN_SHAPE='{"batch": 32, "classes": 10, "input": {"channels": 3, "height": '$side', "width": '$side'}}'
+    PLAN_FLAGS=(--optimizer sgd)
     ;;
   gpt-large|gpt-xl-lora)
     SPEC=$WORK/spec.json
@@ -166,10 +176,36 @@ open(f"{work}/{name}.ms", "w").write(f"{steady*1e3:.1f}")
 EOF
 }
 
+# What the card's description predicts for run NAME's step (in core, or
+# with the arena capped at ARENA bytes and STRATEGY): one line, or nothing
+# without POOCH_OOC_MACHINE or a plan shape for this model.
+planned() {
+  local name=$1 arena=${2:-} strategy=${3:-auto}
+  [ -n "${POOCH_OOC_MACHINE:-}" ] && [ -n "${PLAN_SHAPE:-}" ] || return 0
+  python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); s.update(json.loads(sys.argv[2])); json.dump(s, open(sys.argv[3], "w"))' \
+    "$SPEC" "$PLAN_SHAPE" "$WORK/plan-spec.json" || return 0
+  local flags=(plan --spec "$WORK/plan-spec.json" --machine "$POOCH_OOC_MACHINE" --threads 1 --json
+               "${PLAN_FLAGS[@]}")
+  [ -n "$arena" ] && flags+=(--device-memory "$arena" --strategy "$strategy")
+  "$BIN/pooch-run" "${flags[@]}" > "$WORK/plan-$name.txt" 2>&1
+  python3 - "$WORK/plan-$name.txt" "$name" "$(basename "$POOCH_OOC_MACHINE")" <<'EOF'
+import json, sys
+path, name, machine = sys.argv[1:4]
+try:
+    p = json.loads(open(path).read().strip().splitlines()[-1])["plan"]
+    t, t0 = p["predicted_seconds"], p["predicted_in_core_seconds"]
+    print(f"  {name} planned for {machine}: step {t * 1e3:.1f} ms, in core {t0 * 1e3:.1f} ms"
+          f" ({t / t0:.2f}x), strategy {p.get('strategy', '-')}, arena {p.get('arena', 0) / 2**30:.3f} GiB")
+except Exception as e:
+    print(f"  {name} planned for {machine}: no plan ({type(e).__name__}; plan-{name}.txt)")
+EOF
+}
+
 STATUS=0
 run_one incore
 rc=$?
 row_of incore $rc
+planned incore
 if [ $rc -ne 0 ]; then
   grep -v '^{' "$WORK/incore.txt" | tail -n 12
   exit 1
@@ -198,6 +234,10 @@ for spec in $BUDGETS; do
   run_one "$name" --device-memory "$budget" --strategy "$strategy"
   rc=$?
   row_of "$name" $rc
+  case $budget in
+    *[!0-9]*) planned "$name" "$budget" "$strategy" ;;  # a size such as 4G: as given
+    *) planned "$name" $((budget - KEPT)) "$strategy" ;;
+  esac
   if [ $rc -ne 0 ]; then
     STATUS=1
     grep -v '^{' "$WORK/$name.txt" | tail -n 12

@@ -25,7 +25,9 @@
 #      smaller arenas run its updates and input layer on the host) in core,
 #      then with the arena at 1/3 and 1/5 of that
 #      (ooc.sh): the step time of each against in core, and whether the
-#      weights are byte for byte the in-core ones; after step 8, bench/ooc's
+#      weights are byte for byte the in-core ones, and for GPT and ResNet what
+#      machines/h100.json or h200.json (by nvidia-smi's name) predicts for
+#      each run (pooch-run plan --machine, on the CPU); after step 8, bench/ooc's
 #      tables (pooch-bench-ooc --device cuda), time permitting   (ooc.txt)
 #   7. GPT-2 124M beside PyTorch on the same card: pooch-bench-lm --device
 #      cuda (with its time per op kind) and bench/peers/lm_torch.py --device
@@ -150,6 +152,12 @@ fi
   ldd --version 2>&1 | head -n 1
 } > "$OUT/env.txt" 2>&1
 say "GPU: $(head -n 1 "$OUT/env.txt")"
+# The card's description in machines/, where there is one: ooc.sh prints
+# what it predicts beside what the card ran (step 6).
+case $(head -n 1 "$OUT/env.txt") in
+  *H200*) export POOCH_OOC_MACHINE=$PWD/machines/h200.json ;;
+  *H100*) export POOCH_OOC_MACHINE=$PWD/machines/h100.json ;;
+esac
 
 # ---- 2. libraries, and whether the binaries start ----------------------------------
 # The loader finds what ldconfig knows; otherwise the toolkit's folders, then

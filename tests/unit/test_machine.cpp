@@ -71,6 +71,7 @@ TEST(Machine, ShippedDescriptionsParse) {
   const std::pair<const char*, double> cards[] = {{"gtx1650.json", 4294967296.0},
                                                   {"rtx3050.json", 8589934592.0},
                                                   {"rtx4060.json", 8589934592.0},
+                                                  {"h100.json", 85520809984.0},
                                                   {"h200.json", 141e9}};
   for (const auto& [file, memory] : cards) {
     const Machine m = read_machine(machines_dir() + "/" + file);
