@@ -33,7 +33,7 @@
 # POOCH_OOC_SPEC (a spec file), POOCH_OOC_CONTEXT (gpt), POOCH_OOC_IMAGE
 # (resnet50: the side in pixels), POOCH_OOC_SCALE (xmc: the synthetic set's
 # scale, default 1), POOCH_OOC_DEVICE. POOCH_OOC_MACHINE (a machines/*.json
-# description of the card, gpt and resnet50 only) adds, after each run, what
+# description of the card; not for xmc) adds, after each run, what
 # `pooch-run plan --machine` predicts for the same step and arena, so the
 # description is checked against the card (a second of CPU; no device
 # time). POOCH_OOC_BUDGETS replaces the
@@ -119,6 +119,7 @@ EOF
             --context "$CONTEXT" --steps "$STEPS" --valid-fraction 0 --warmup 2 --lr 1e-4
             --seed 7 --json)
     BUDGETS="4G:4G:auto 8G:8G:auto"
+    PLAN_SHAPE='{"batch": 1, "seq": '"$CONTEXT"'}'
     ;;
   xmc)
     "$BIN/pooch-run" synth --preset EURLex-4K --scale "${POOCH_OOC_SCALE:-1}" --out "$WORK/eur" \
