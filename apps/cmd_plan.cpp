@@ -68,13 +68,7 @@ int run_plan(PlanOpts& o) {
   // unless --optimizer says otherwise; an SGD step keeps one state tensor
   // per weight where Adam keeps two), and for gpt models clipping, which
   // keeps every gradient until the updates.
-  if (std::string(pooch_model_family(model.p)) == "gpt")
-    o.tf.resolve_gpt();
-  else
-    o.tf.resolve(false);
-  pooch_session_params sp;
-  pooch_session_default_params(&sp);
-  apply_optimizer_flags(o.tf, o.tf.optimizer, &sp);
+  const pooch_session_params sp = train_step_params(o.tf, pooch_model_family(model.p));
   out.result()["optimizer"] = o.tf.optimizer;
   if (int rc = open_session(model.p, o.device, s, out, &sp)) {
     // For a described card, "it does not fit" is the answer, not a failure
@@ -303,7 +297,9 @@ int run_profile(ProfileOpts& o) {
     if (pooch_status st = pooch_model_set_max_labels(model.p, labels))
       return out.fail(st, "max labels");
   SessionHandle s;
-  if (int rc = open_session(model.p, o.device, s, out)) return rc;
+  const pooch_session_params sp = train_step_params(o.tf, pooch_model_family(model.p));
+  out.result()["optimizer"] = o.tf.optimizer;
+  if (int rc = open_session(model.p, o.device, s, out, &sp)) return rc;
   pooch_batch b{};
   if (pooch_status st = pooch_dataset_batch(data.train.p, 0, batch, &b))
     return out.fail(st, "batch");
@@ -328,11 +324,7 @@ Command add_plan(CLI::App& app) {
                 "train: 1 for gpt models, else none)")
       ->check(in_range(0, 1e6, false))
       ->default_str("auto");
-  c->add_option("--optimizer", o->tf.optimizer,
-                "Plan the step of adam, adamw or sgd (with momentum), as train --optimizer; "
-                "default: adam, as train on a spec or model")
-      ->transform(one_of({"auto", "adam", "adamw", "sgd"}))
-      ->default_str("auto");
+  add_step_optimizer_flag(c, o->tf);
   c->add_option("--svg", o->svg, "Draw memory and the streams over one step")
       ->type_name("FILE.svg");
   add_device_flags(c, o->device, "cpu");
@@ -359,6 +351,7 @@ Command add_profile(CLI::App& app) {
       ->check(batch_range());
   c->add_option("--runs", o->runs, "Profiled steps; each op's time is its median over them")
       ->check(in_range(1, 5, true));
+  add_step_optimizer_flag(c, o->tf);
   add_device_flags(c, o->device);
   add_json_flag(c, o->output);
   return {c, [o] { return o->output.finish(run_profile(*o)); }};

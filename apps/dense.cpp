@@ -802,7 +802,10 @@ int run_dense_profile(const std::string& model_path, const ModelFlags& mf, const
   if (int rc = check_width(io, d, name, out)) return rc;
   if (int rc = check_targets(io, d, name, out)) return rc;
   SessionHandle s;
-  if (int rc = open_session(model.p, dev, s, out)) return rc;
+  TrainFlags step = tf;  // the step train would run (--optimizer)
+  const pooch_session_params sp = train_step_params(step, pooch_model_family(model.p));
+  out.result()["optimizer"] = step.optimizer;
+  if (int rc = open_session(model.p, dev, s, out, &sp)) return rc;
   std::vector<int64_t> rows(static_cast<size_t>(std::min(d.rows, io.rows)));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
   Batches b(s.p, d, io);

@@ -185,6 +185,25 @@ void apply_optimizer_flags(const TrainFlags& f, const std::string& kind, pooch_s
   sp->clip_norm = f.clip_norm < 0 ? 0.0f : f.clip_norm;
 }
 
+pooch_session_params train_step_params(TrainFlags& f, const std::string& family) {
+  if (family == "gpt")
+    f.resolve_gpt();
+  else
+    f.resolve(false);
+  pooch_session_params sp;
+  pooch_session_default_params(&sp);
+  apply_optimizer_flags(f, f.optimizer, &sp);
+  return sp;
+}
+
+void add_step_optimizer_flag(CLI::App* app, TrainFlags& f) {
+  app->add_option("--optimizer", f.optimizer,
+                  "The step of adam, adamw or sgd (with momentum), as train --optimizer; "
+                  "default: adam, as train on a spec or model")
+      ->transform(one_of({"auto", "adam", "adamw", "sgd"}))
+      ->default_str("auto");
+}
+
 void TrainFlags::resolve_gpt() {
   if (lr_schedule == "auto") lr_schedule = "cosine";
   if (lr_min_ratio < 0) lr_min_ratio = 0.1;  // as GPT-2 and nanoGPT train

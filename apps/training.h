@@ -127,6 +127,12 @@ struct TrainFlags {
 // The resolved optimizer flags (--lr, --adam-eps, --weight-decay,
 // --clip-norm) into session parameters; `kind` is adam, adamw or sgd.
 void apply_optimizer_flags(const TrainFlags& f, const std::string& kind, pooch_session_params* sp);
+// The session parameters of the train step that train would run for a model
+// of `family` with these flags (plan, profile: no data to tune by): the
+// general defaults resolved (gpt's for gpt models), then the optimizer's.
+pooch_session_params train_step_params(TrainFlags& f, const std::string& family);
+// --optimizer for plan and profile: the step of adam, adamw or sgd.
+void add_step_optimizer_flag(CLI::App* app, TrainFlags& f);
 // `with_output`: --out/--checkpoint/--resume/--log (not for demo).
 void add_train_flags(CLI::App* app, TrainFlags& f, bool with_output);
 

@@ -280,6 +280,11 @@ expect profile 0 "$RUN" profile --model incore.pooch --data data --json "${T[@]}
 contains profile-header profile.out '^  op +calls +ms +GFLOP/s'
 contains profile-linear profile.out '^  [a-z_]*linear +[0-9]+ +[0-9.]+ '
 contains profile-json profile.out '"profile":\{.*"ops":\[\{"op":'
+contains profile-adam profile.out '^  adam_update'
+# --optimizer: the step train --optimizer sgd runs, its updates SGD's.
+expect profile-sgd 0 "$RUN" profile --model incore.pooch --data data --optimizer sgd --json "${T[@]}"
+contains profile-sgd-updates profile-sgd.out '^  sgd_update'
+contains profile-sgd-json profile-sgd.out '"optimizer":"sgd"'
 "$RUN" train --data data --epochs 1 --device cuda --out cuda.pooch --threads 1 > cuda.out 2> cuda.err
 rc=$?
 if [ $rc = 0 ]; then
