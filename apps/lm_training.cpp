@@ -168,9 +168,7 @@ int run_lm_training(pooch_model* model, bool resume, const std::string& data, co
   pooch_session_default_params(&sp);
   std::string err;
   if (!apply_device_flags(dev, &sp, &err)) return out.fail(kUsage, err);
-  // GPT-2 trains with AdamW; --optimizer given chooses another.
-  const std::string opt = given(app, "--optimizer") ? f.optimizer : "adamw";
-  apply_optimizer_flags(f, opt, &sp);
+  apply_optimizer_flags(f, f.optimizer, &sp);  // adamw unless --optimizer (resolve_gpt)
   sp.resume = resume ? 1 : 0;
 
   pooch_lm_params lp;

@@ -199,12 +199,13 @@ pooch_session_params train_step_params(TrainFlags& f, const std::string& family)
 void add_step_optimizer_flag(CLI::App* app, TrainFlags& f) {
   app->add_option("--optimizer", f.optimizer,
                   "The step of adam, adamw or sgd (with momentum), as train --optimizer; "
-                  "default: adam, as train on a spec or model")
+                  "default: the one train takes for the model (adamw for gpt, else adam)")
       ->transform(one_of({"auto", "adam", "adamw", "sgd"}))
       ->default_str("auto");
 }
 
 void TrainFlags::resolve_gpt() {
+  if (optimizer == "auto") optimizer = "adamw";  // GPT-2 trains with AdamW
   if (lr_schedule == "auto") lr_schedule = "cosine";
   if (lr_min_ratio < 0) lr_min_ratio = 0.1;  // as GPT-2 and nanoGPT train
   if (clip_norm < 0) clip_norm = 1.0f;

@@ -85,7 +85,8 @@ contains err-clip-negative-msg err-clip-negative.err "clip-norm"
 
 # plan takes a gpt spec as it is (it once added an XMC input width to it).
 expect plan-gpt-spec 0 "$RUN" plan --spec tiny.json --threads 2
-contains plan-gpt-spec-msg plan-gpt-spec.out "plan of a train step of tiny.json \(gpt"
+# ... with the optimizer train gives a gpt model when none is named: AdamW.
+contains plan-gpt-spec-msg plan-gpt-spec.out "plan of a train step of tiny.json \(gpt, adamw,"
 # A key given twice is refused, not silently the last one (a gpt spec is
 # written out again with --batch applied, which would keep only one).
 sed 's/^{/{"n_layer": 1, /' tiny.json > twice.json
