@@ -184,6 +184,26 @@ TEST(Machine, RowReadersArePricedByTheRowsTheirIndicesName) {
                    double(ids.bytes() + 32 * 16 * 4 + out.bytes()));
 }
 
+TEST(Machine, InputsAnOpWritesArePricedReadAndWritten) {
+  // Adam reads w, g, m, v and writes w, m, v: 7 floats an element.
+  const TensorDesc w{"w", DType::f32, {64, 32}, Role::weight};
+  const TensorDesc g{"g", DType::f32, {64, 32}, Role::gradient};
+  const TensorDesc m{"m", DType::f32, {64, 32}, Role::optimizer_state};
+  const TensorDesc v{"v", DType::f32, {64, 32}, Role::optimizer_state};
+  const std::vector<const TensorDesc*> adam{&w, &g, &m, &v}, none;
+  EXPECT_DOUBLE_EQ(op_bytes(op_registry().get("adam_update"), adam, none, {}),
+                   7.0 * double(w.bytes()));
+
+  // A decoding step reads its layer's cache but writes one position of it.
+  const TensorDesc qkv{"qkv", DType::f32, {2, 1, 48}, Role::activation};
+  const TensorDesc cache{"cache", DType::f32, {2, 100, 32}, Role::weight};
+  const TensorDesc pos{"pos", DType::i32, {2, 1}, Role::input};
+  const TensorDesc att{"att", DType::f32, {2, 1, 16}, Role::activation};
+  const std::vector<const TensorDesc*> in{&qkv, &cache, &pos}, out{&att};
+  EXPECT_DOUBLE_EQ(op_bytes(op_registry().get("attention_decode"), in, out, {}),
+                   op_bytes(in, out) + 2 * 32 * 4);
+}
+
 TEST(Machine, SessionPlansForTheCardWithoutTakingMemory) {
   // 24 layers of 2048 at batch 8192: ~3.2 GB of saved activations and 1.2 GB
   // of weights with Adam's state; no GTX 1650 holds it in core, an H200 does.

@@ -267,6 +267,14 @@ void add_attention_decode(OpRegistry& r) {
   a.flops = [](InDescs in, InDescs, const Attrs&) {
     return 4.0 * numel(in[1]) / 2.0;  // at most every cached position: q·k and p·v
   };
+  // The cache is read (at most up to the position) but written at one
+  // position only, so not priced as a whole tensor written, as `mutates` is.
+  a.bytes = [](InDescs in, InDescs out, const Attrs&) {
+    const TensorDesc& cache = *in[1];
+    const double written = static_cast<double>(cache.shape[0] * cache.shape[2]) *
+                           static_cast<double>(dtype_size(cache.dtype));
+    return op_bytes(in, out) + written;
+  };
   r.add(std::move(a));
 }
 
