@@ -154,9 +154,12 @@ fi
 say "GPU: $(head -n 1 "$OUT/env.txt")"
 # The card's description in machines/, where there is one: ooc.sh prints
 # what it predicts beside what the card ran (step 6).
+# The names of the cards described, not their kin: an H100 PCIe or NVL and
+# a GH200 (NVLink-C2C to the host) differ in rates or link.
 case $(head -n 1 "$OUT/env.txt") in
-  *H200*) export POOCH_OOC_MACHINE=$PWD/machines/h200.json ;;
-  *H100*) export POOCH_OOC_MACHINE=$PWD/machines/h100.json ;;
+  *GH200* | *"H200 NVL"*) ;;
+  *"NVIDIA H200"*) export POOCH_OOC_MACHINE=$PWD/machines/h200.json ;;
+  *"H100 80GB HBM3"*) export POOCH_OOC_MACHINE=$PWD/machines/h100.json ;;
 esac
 
 # ---- 2. libraries, and whether the binaries start ----------------------------------
