@@ -109,8 +109,9 @@ TEST(PagingSearch, AFasterCountBeyondTheTieIsKept) {
   // Refined below the grid's count: the jump from 1.45 to 1.30 sits between
   // two grid counts, so the search closes in on 60.
   EXPECT_LE(c.count, 62u);
-  for (const auto& [k, sd] : c.timed)
+  for (const auto& [k, sd] : c.timed) {
     if (k < c.count) EXPECT_GT(sd, 1.30 * kPagingTie) << k;
+  }
 }
 
 TEST(PagingSearch, TheGridStopsAtACountThatTiesWithInCore) {
