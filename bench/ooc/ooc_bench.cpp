@@ -63,16 +63,7 @@ struct Bench {
 };
 
 ModelSpec chain(int layers, int width, int batch) {
-  ModelSpec s;
-  s.family = Family::mlp;
-  s.input = InputKind::dense;
-  s.input_width = width;
-  s.labels = 16;
-  s.loss = LossKind::mse;
-  for (int i = 0; i < layers; ++i) s.layers.push_back({LayerKind::linear, width, "gelu", 0, 0});
-  s.layers.push_back({LayerKind::dense_head, 0, "none", 0, 0});
-  s.run.batch = batch;
-  return s;
+  return mlp_chain_spec(layers, width, width, 16, batch);
 }
 
 ModelSpec norm_mlp(int batch) {

@@ -111,6 +111,20 @@ ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, 
   return s;
 }
 
+ModelSpec mlp_chain_spec(int layers, int64_t input_width, int64_t width, int64_t labels,
+                         int64_t batch) {
+  ModelSpec s;
+  s.family = Family::mlp;
+  s.input = InputKind::dense;
+  s.input_width = input_width;
+  s.labels = labels;
+  s.loss = LossKind::mse;
+  for (int i = 0; i < layers; ++i) s.layers.push_back({LayerKind::linear, width, "gelu", 0, 0});
+  s.layers.push_back({LayerKind::dense_head, 0, "none", 0, 0});
+  s.run.batch = batch;
+  return s;
+}
+
 void validate_spec(const ModelSpec& s) {
   if (is_cnn(s.family)) return validate_cnn_spec(s);
   if (s.family == Family::gpt) return validate_gpt_spec(s);

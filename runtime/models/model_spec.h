@@ -109,6 +109,11 @@ inline bool is_cnn(Family f) {
 ModelSpec spec_from_flags(InputKind input, int64_t input_width, int64_t labels, int64_t hidden,
                           int64_t bottleneck, int64_t fan_in, LossKind loss, double dropout);
 
+// The out-of-core planner's test and benchmark chain: dense input ->
+// `layers` x linear(width, gelu) -> dense head, MSE loss.
+ModelSpec mlp_chain_spec(int layers, int64_t input_width, int64_t width, int64_t labels,
+                         int64_t batch);
+
 // Parses a JSON spec; errors (POOCH_ERR_BAD_INPUT) name `source` and the
 // offending field, e.g. "model.json: layers[2].fan_in must be positive".
 ModelSpec spec_from_json(const std::string& text, const std::string& source);

@@ -34,16 +34,7 @@ ModelSpec xmc_spec() {
 }
 
 ModelSpec chain_spec(int layers) {
-  ModelSpec s;
-  s.family = Family::mlp;
-  s.input = InputKind::dense;
-  s.input_width = 32;
-  s.labels = 4;
-  s.loss = LossKind::mse;
-  for (int i = 0; i < layers; ++i) s.layers.push_back({LayerKind::linear, 48, "gelu", 0, 0});
-  s.layers.push_back({LayerKind::dense_head, 0, "none", 0, 0});
-  s.run.batch = 64;
-  return s;
+  return mlp_chain_spec(layers, 32, 48, 4, 64);
 }
 
 ModelSpec norm_spec() {
