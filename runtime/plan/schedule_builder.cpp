@@ -581,31 +581,49 @@ void ScheduleBuilder::plan_paged_groups() {
 
 // What a host node reads that lives on the device (an update's gradient,
 // the clipping norm, a row gradient's output gradient) is copied out to a
-// host slot after its last device use; its region is held `host_lag`
-// launches more for the copy, and the compute stream waits for the copy
-// before the region's next owner.
+// host slot after its last device use before its first host reader; its
+// region is held `host_lag` launches more for the copy, and the compute
+// stream waits for the copy before the region's next owner. Host and device
+// readers may interleave (with clipping every update reads the norm, and
+// the largest weights update on the host, the rest on the device): the
+// copy goes out before the first host reader, since the host launches run
+// in order behind it on the same stream, and no device node may write the
+// tensor between its host readers.
 void ScheduleBuilder::plan_host_copies() {
   host_lag = std::max(1, req.release_lag);
   host_copy_after.assign(n_t, -1);
   host_copy_until.assign(n_t, -1);
   host_read_until.assign(n_t, -1);
+  std::vector<int> first_host_read(n_t, -1);
   for (int sl = 0; sl < n_slots; ++sl) {
     if (!runs_on_host(sl)) continue;
     for (TensorId x : slot_node(sl).inputs) {
       const auto r = static_cast<size_t>(root(x));
       if (host_out_at[r] >= 0) host_read_until[r] = sl;  // made on the host
       if (paged(r) || staged_input(r) || host_out_at[r] >= 0) continue;
+      if (first_host_read[r] < 0) first_host_read[r] = sl;
       host_copy_until[r] = sl;
     }
   }
   for (int sl = 0; sl < n_slots; ++sl) {
     if (runs_on_host(sl)) continue;
     const Node& nd = slot_node(sl);
-    for (const auto* list : {&nd.inputs, &nd.outputs})
-      for (TensorId x : *list) {
-        const auto r = static_cast<size_t>(root(x));
-        if (host_copy_until[r] >= 0 && sl < host_copy_until[r]) host_copy_after[r] = sl;
+    const OpDef& def = op_registry().get(nd.op);
+    for (size_t i = 0; i < nd.inputs.size() + nd.outputs.size(); ++i) {
+      const bool output = i >= nd.inputs.size();
+      const TensorId x = output ? nd.outputs[i - nd.inputs.size()] : nd.inputs[i];
+      const auto r = static_cast<size_t>(root(x));
+      if (first_host_read[r] < 0) continue;
+      if (sl < first_host_read[r]) {
+        host_copy_after[r] = sl;
+      } else if (sl < host_copy_until[r] &&
+                 (output || std::find(def.mutates.begin(), def.mutates.end(),
+                                      static_cast<int>(i)) != def.mutates.end())) {
+        throw Error(POOCH_ERR_INTERNAL,
+                    fmt::format("'{}' is written on the device ({}) between its host readers",
+                                g.tensor(static_cast<TensorId>(r)).name, nd.op));
       }
+    }
   }
   for (size_t t = 0; t < n_t; ++t) {
     if (host_copy_until[t] < 0) continue;

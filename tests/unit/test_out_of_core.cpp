@@ -661,6 +661,48 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
   }
 }
 
+// With clipping every update reads the norm, and the updates run in weight
+// order: where the largest weights update on the host and the rest on the
+// device, host and device readers of the norm interleave. The norm must
+// reach the host before the first host update (it once went out after the
+// last device one, behind host updates already queued on the same stream,
+// which then read another tensor's bytes). Same bits as in core.
+TEST(OutOfCore, ClippedUpdatesSplitBetweenHostAndDevice) {
+  // Wide first and last layers: their updates are the ones moved to the
+  // host, and the device updates of the layers between run between them.
+  // (The gradients are small: a norm that clips them is small too.)
+  const ModelSpec spec = mlp_chain_spec(8, 4096, 64, 4096, 32);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  constexpr double kClip = 1e-5;
+  Session plain(build_model(spec), cfg);
+  const auto unclipped = train(plain, 3);
+  cfg.optimizer.clip_norm = kClip;
+  Session in_core(build_model(spec), cfg);
+  const auto expect = train(in_core, 3);
+  EXPECT_NE(expect, unclipped) << "a norm of " << kClip << " should have clipped";
+  int updates = 0;
+  for (const Node& n : in_core.graph().nodes()) updates += n.op == "adam_update" ? 1 : 0;
+  const size_t b2 = smallest_budget(spec, 2, kClip), b3 = smallest_budget(spec, 3, kClip);
+  ASSERT_LT(b3, b2);
+  int mixed = 0;
+  for (int k = 1; k < 8; ++k) {
+    const size_t budget = b3 + (b2 - b3) * static_cast<size_t>(k) / 8;
+    SessionConfig oc = cfg;
+    oc.device_memory = budget;
+    Session s(build_model(spec), oc);
+    const int host = s.out_of_core().host_updates;
+    if (host == 0 || host == updates) continue;
+    ++mixed;
+    SCOPED_TRACE(fmt::format("budget {}: {} of {} updates on the host", budget, host, updates));
+    EXPECT_LE(s.backend().memory_info().arena_bytes, budget);
+    EXPECT_EQ(train(s, 3), expect) << "weights differ from in-core training";
+  }
+  EXPECT_GT(mixed, 0) << "no budget between " << b3 << " and " << b2
+                      << " split the updates between host and device";
+}
+
 // A sparse input layer's gradient is row-sparse: its norm is not clipped,
 // it is refused, naming the weight.
 TEST(Clipping, RowSparseGradientsAreRefused) {
