@@ -703,6 +703,42 @@ TEST(OutOfCore, ClippedUpdatesSplitBetweenHostAndDevice) {
                       << " split the updates between host and device";
 }
 
+// Only optimizer updates move to the host with their weights (of the ops
+// that write into their inputs, those that make no output): batch
+// normalisation writes its running statistics too (weights, not trained),
+// but run on the host it would send each layer's activations over the link
+// and back, with the CPU's kernel where the device ran its own (on a card,
+// not the same bits). At the budget where updates on the host fit, the
+// batch norms stay on the device, and the model trains to the same bits.
+TEST(OutOfCore, BatchNormsStayOnTheDeviceWhenUpdatesMoveToTheHost) {
+  const ModelSpec spec = resnet_spec(18);
+  SessionConfig cfg;
+  cfg.device = DeviceKind::cpu;
+  cfg.threads = 2;
+  Session in_core(build_model(spec), cfg);
+  const auto expect = train(in_core, 2);
+  SessionConfig oc = cfg;
+  oc.device_memory = smallest_budget(spec, 3);
+  Session s(build_model(spec), oc);
+  EXPECT_GT(s.out_of_core().host_updates, 0);
+  int stats_at_home = 0;  // batch norms whose running statistics are paged
+  for (const Node& n : s.graph().nodes())
+    if (n.op == "batchnorm")
+      stats_at_home += s.layout().paged(n.inputs[3]) && s.layout().paged(n.inputs[4]) ? 1 : 0;
+  EXPECT_GT(stats_at_home, 0);
+  for (ProgramKind k : {ProgramKind::train_step, ProgramKind::forward, ProgramKind::evaluate}) {
+    const Schedule* sc = s.schedule(k);
+    if (!sc) continue;
+    for (const Launch& l : sc->launches) {
+      const Node& n = s.graph().nodes()[static_cast<size_t>(l.node)];
+      if (l.on_host) {
+        EXPECT_NE(n.op.find("update"), std::string::npos) << n.op << " runs on the host";
+      }
+    }
+  }
+  EXPECT_EQ(train(s, 2), expect) << "weights differ from in-core training";
+}
+
 // A sparse input layer's gradient is row-sparse: its norm is not clipped,
 // it is refused, naming the weight.
 TEST(Clipping, RowSparseGradientsAreRefused) {
