@@ -10,9 +10,10 @@
 // inputs), as GPUs' fast paths and torch.set_flush_denormal(True) do, and so
 // do the OpenMP teams they start and the OpenBLAS threads a backend starts
 // (new threads inherit the creating thread's setting); the CUDA backend's
-// host kernels (optimizer updates where paged state lives) flush for the
-// length of each call, on the CUDA runtime's thread, and the CUDA kernels
-// are compiled to flush (-ftz=true), so both give the same bits. The host's own threads
+// host kernels (optimizer updates where paged state lives) run on such a
+// worker too (handed over by the CUDA runtime's thread, which stays as it
+// is), and the CUDA kernels are compiled to flush (-ftz=true), so both give
+// the same bits. The host's own threads
 // keep theirs: the library never changes the caller's floating-point
 // environment.
 #pragma once

@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <system_error>
 #include <vector>
 
 #include "../../../kernels/common/util.h"
@@ -19,7 +20,7 @@
 #include "../../../kernels/cuda/cuda_kernels.h"
 #include "../../../kernels/cuda/cuda_libs.h"
 #include "../../core/error.h"
-#include "../denormals.h"
+#include "../cpu/stream_worker.h"
 
 #ifndef POOCH_CUDA_ARCHS
 #define POOCH_CUDA_ARCHS "?"
@@ -125,17 +126,22 @@ struct HostCall {
   // still run (they were queued before the failure was known); the error
   // surfaces at the next sync all the same.
   std::atomic<bool>* stream_failed = nullptr;
+  // The thread the kernel runs on (its stream's): pooch's own, flushing
+  // denormals, whose OpenMP teams inherit that; not the CUDA runtime's
+  // thread, whose OpenMP team an application's own host functions may have
+  // started, in their floating-point mode (and would find in ours after).
+  cpu::StreamWorker* worker = nullptr;
   bool failed = false;  // false: it ran, or has not yet
   pooch_status code = POOCH_OK;
   std::string error;
 };
 
 // noexcept: an exception leaving a host function unwinds into the CUDA
-// runtime's thread, which ends the process (std::terminate).
+// runtime's thread, which ends the process (std::terminate). It hands the
+// kernel to its worker and waits (a host function may block; it must not
+// call CUDA, and neither do the host kernels).
 void CUDART_CB run_host_call(void* p) noexcept {
   auto* c = static_cast<HostCall*>(p);
-  // The CUDA runtime's thread: flushing denormals for this call only.
-  ScopedFlushDenormals flush;
   if (c->stream_failed->load(std::memory_order_acquire)) return;  // an earlier one failed
   const auto raised = [c](pooch_status code, const char* what) noexcept {
     c->stream_failed->store(true, std::memory_order_release);
@@ -147,7 +153,14 @@ void CUDART_CB run_host_call(void* p) noexcept {
     }
   };
   try {
-    c->kernel->fn(c->args);
+    cpu::Task t;
+    t.kind = cpu::Task::Kind::kernel;
+    t.fn = c->kernel->fn;
+    t.args = &c->args;
+    t.op = c->kernel->op;
+    t.variant = c->kernel->variant;
+    c->worker->push(t);
+    c->worker->sync();  // throws what the kernel raised
   } catch (const Error& e) {
     raised(e.code(), e.what());
   } catch (const std::bad_alloc&) {
@@ -248,6 +261,10 @@ class CudaBackend final : public Backend {
   // Host kernels queued per stream since its last synchronisation.
   std::deque<std::unique_ptr<HostCall>> host_calls_[kNumStreams];
   std::atomic<bool> host_failed_[kNumStreams] = {};  // HostCall::stream_failed
+  // Where each stream's host kernels run (HostCall::worker): started at its
+  // first host kernel; a stream's host functions run one at a time, so each
+  // worker has one producer.
+  std::unique_ptr<cpu::StreamWorker> host_workers_[kNumStreams];
 };
 
 CudaBackend::CudaBackend(const CudaBackendParams& p)
@@ -679,10 +696,21 @@ void CudaBackend::launch_host(Stream s, const kern::KernelVariant& k,
         fmt::format("cuda backend launch_host: kernel '{}' has no function", k.op ? k.op : "?"));
   if (pending_[i].failed) return;
   bind();
+  if (!host_workers_[i]) {
+    try {
+      host_workers_[i] = std::make_unique<cpu::StreamWorker>("cuda host kernels", 4);
+    } catch (const std::system_error& e) {  // pthread_create: EAGAIN
+      fail(i, POOCH_ERR_OUT_OF_MEMORY,
+           fmt::format("host kernel '{}': the thread that runs host kernels could not start: {}",
+                       k.op ? k.op : "?", e.what()));
+      return;
+    }
+  }
   auto call = std::make_unique<HostCall>();
   call->kernel = &k;
   call->args = args;
   call->stream_failed = &host_failed_[i];
+  call->worker = host_workers_[i].get();
   // Kept before it is queued: once queued it may run at any moment, and a
   // push_back that threw after cudaLaunchHostFunc would free it under the
   // runtime's thread.
