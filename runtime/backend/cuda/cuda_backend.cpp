@@ -698,7 +698,7 @@ void CudaBackend::launch_host(Stream s, const kern::KernelVariant& k,
   bind();
   if (!host_workers_[i]) {
     try {
-      host_workers_[i] = std::make_unique<cpu::StreamWorker>("cuda host kernels", 4);
+      host_workers_[i] = std::make_unique<cpu::StreamWorker>("host", 4);
     } catch (const std::system_error& e) {  // pthread_create: EAGAIN
       fail(i, POOCH_ERR_OUT_OF_MEMORY,
            fmt::format("host kernel '{}': the thread that runs host kernels could not start: {}",
