@@ -689,7 +689,9 @@ void ScheduleBuilder::request_buffers() {
 }
 
 // In place: an op allowed to overwrite an input that dies at that op (never
-// a swapped tensor's first interval, which its copy out may still read).
+// a swapped tensor's first interval, which its copy out may still read, nor
+// a tensor copied out for host readers, for the same reason: the compute
+// stream waits for that copy only after the region's last slot).
 void ScheduleBuilder::allow_in_place() {
   for (int sl = 0; sl < n_slots; ++sl) {
     const Slot& slot = slots[static_cast<size_t>(sl)];
@@ -705,6 +707,7 @@ void ScheduleBuilder::allow_in_place() {
     if (ix.request < 0 || iy.request < 0) continue;
     if (s.residency[static_cast<size_t>(x)] == Residency::swap && &ix == &A[static_cast<size_t>(x)])
       continue;
+    if (host_copy_until[static_cast<size_t>(x)] >= 0) continue;
     // Element by element in place only where both lie the same way.
     if (pc.layouts[static_cast<size_t>(x)] != pc.layouts[static_cast<size_t>(y)]) continue;
     BufferRequest& rqx = reqs[static_cast<size_t>(ix.request)];
