@@ -64,10 +64,10 @@ int run_plan(PlanOpts& o) {
   SessionHandle s;
   const std::string what = o.model.empty() ? o.mf.spec : o.model;
   o.device.plan_only = true;  // nothing is trained: take no memory
-  // Plan the step train would run on a spec or model: its optimizer (Adam
-  // unless --optimizer says otherwise; an SGD step keeps one state tensor
-  // per weight where Adam keeps two), and for gpt models clipping, which
-  // keeps every gradient until the updates.
+  // Plan the step train would run on a spec or model: its optimizer (AdamW
+  // for gpt models, else Adam, unless --optimizer says otherwise; an SGD
+  // step keeps one state tensor per weight where Adam keeps two), and for
+  // gpt models clipping, which keeps every gradient until the updates.
   const pooch_session_params sp = train_step_params(o.tf, pooch_model_family(model.p));
   out.result()["optimizer"] = o.tf.optimizer;
   if (int rc = open_session(model.p, o.device, s, out, &sp)) {
@@ -115,13 +115,19 @@ int run_plan(PlanOpts& o) {
   std::printf("  budget          %s\n", budget > 0 ? format_bytes(budget).c_str() : "none");
   std::printf("  in core         arena %s, predicted step %s s\n", format_bytes(in_core).c_str(),
               fmt_double("%.4g", t0).c_str());
-  if (plan.value("out_of_core", false))
+  if (plan.value("out_of_core", false)) {
+    // auto keeps the best of the strategies it starts from: name that one
+    // beside it, so that the line does not read as if the flag were ignored.
+    const std::string chosen = plan.value("strategy", std::string("?"));
+    const std::string strategy =
+        o.device.strategy == "auto" && chosen != "auto" ? "auto, " + chosen + "'s plan" : chosen;
     std::printf(
         "  out of core     strategy %s (%d plans tried in its search; planning took %s s)\n",
-        plan.value("strategy", std::string("?")).c_str(), plan.value("plans_tried", 0),
+        strategy.c_str(), plan.value("plans_tried", 0),
         fmt_double("%.3g", plan.value("planning_seconds", 0.0)).c_str());
-  else
+  } else {
     std::printf("  fits in core    nothing swapped or recomputed\n");
+  }
   std::printf(
       "  arena           %s%s (weights and optimizer state %s)\n", format_bytes(arena).c_str(),
       budget > 0 ? (", " + fmt_double("%.0f", 100 * arena / budget) + "% of the budget").c_str()

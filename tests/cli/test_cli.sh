@@ -210,7 +210,8 @@ for b in $(json_last plan-info.out | grep -Eo '"(weight|optimizer)_bytes":[0-9]+
 done
 P_BUDGET=$(( P_W + (P_IN - P_W) * 9 / 10 ))
 expect plan 0 "$RUN" plan --model incore.pooch --device-memory "$P_BUDGET" --svg step.svg --json "${T[@]}"
-contains plan-out-of-core plan.out '^  out of core +strategy [a-z-]+'
+# auto (the default) names itself, and the strategy whose plan it kept.
+contains plan-out-of-core plan.out '^  out of core +strategy auto(, [a-z-]+.s plan)? \('
 contains plan-decisions plan.out 'saved activations [0-9]+: keep .*(swap [1-9]|recompute [1-9])'
 contains plan-table plan.out '^  activation or gradient +bytes +decision'
 contains plan-table-row plan.out ' (swap|recompute) +[0-9]+ +[0-9]+ +[0-9]+$'

@@ -196,7 +196,7 @@ try:
     p = json.loads(open(path).read().strip().splitlines()[-1])["plan"]
     t, t0 = p["predicted_seconds"], p["predicted_in_core_seconds"]
     print(f"  {name} planned for {machine}: step {t * 1e3:.1f} ms, in core {t0 * 1e3:.1f} ms"
-          f" ({t / t0:.2f}x), strategy {p.get('strategy', '-')}, arena {p.get('arena', 0) / 2**30:.3f} GiB")
+          f" ({t / t0:.2f}x), {p.get('strategy', '-')}'s plan, arena {p.get('arena', 0) / 2**30:.3f} GiB")
 except Exception as e:
     print(f"  {name} planned for {machine}: no plan ({type(e).__name__}; plan-{name}.txt)")
     sys.exit(1)
