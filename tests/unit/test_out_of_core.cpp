@@ -600,9 +600,14 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
   SessionConfig cfg;
   cfg.device = DeviceKind::cpu;
   cfg.threads = 2;
-  cfg.optimizer.clip_norm = 0.05;
+  Session unclipped_run(build_model(spec), cfg);
+  const auto unclipped_weights = train(unclipped_run, 3);
+  // The chain's gradients are small: 0.05 once clipped nothing here.
+  constexpr double kClip = 1e-5;
+  cfg.optimizer.clip_norm = kClip;
   Session in_core(build_model(spec), cfg);
   const auto expect = train(in_core, 3);
+  EXPECT_NE(expect, unclipped_weights) << "a norm of " << kClip << " should have clipped";
   size_t gradient_candidates = 0, weight_gradients = 0;
   for (const SavedActivation& sa : saved_activations(in_core.graph(), in_core.train_request()))
     if (sa.gradient) {
@@ -627,7 +632,7 @@ TEST(OutOfCore, ClippedGradientsLeaveTheDeviceUntilTheirUpdates) {
   EXPECT_LT(unclipped_candidates, gradient_candidates);
 
   // The smallest budget a swap-all plan reaches, everything paged.
-  const size_t hi = smallest_budget(spec, 3, 0.05);
+  const size_t hi = smallest_budget(spec, 3, kClip);
   std::printf("clipped chain12: smallest budget %zu; weight gradients %zu bytes in all\n", hi,
               weight_gradients);
   EXPECT_LT(hi, weight_gradients);
