@@ -1075,10 +1075,24 @@ TEST(Profiler, TheMeasuredProfileFitsTheLinksLatencyAndEachWaysBandwidth) {
   EXPECT_EQ(median_profile({c, a, b}).link.latency, 5e-6);
 }
 
+// How far over the emulated link a measured bandwidth may come out. Noise
+// only adds time to a copy, but the fit splits each copy's time into the
+// latency (the intercept) and bytes over bandwidth: a thread woken late
+// after a small copy raises the intercept, and the bandwidth left over from
+// the copies' total time then comes out above the link's. Seen: 1.07x the
+// link at 3 GB/s and 1 us of latency in a release build (a fitted latency of
+// 27 us: the wake-ups went into the intercept). These tests allowed 2% and
+// one failed in CI's ASan run on a loaded machine (its log kept only the
+// test's name; this is the one assertion in it that timing moves). The
+// default link (12 GB/s) is 30 times the emulated one: the bound still
+// tells a measured link from it.
+constexpr double kFittedLinkSlack = 1.25;
+
 // A profiled step on the CPU backend with an emulated link times its copies
-// on the copy streams' clocks: the bandwidth measured from them can never
-// beat the link (the emulation makes each copy take at least its time), and
-// it replaces the link model the session started from. Each further profiled
+// on the copy streams' clocks: the bandwidth measured from them is the
+// link's, within what the fit lets through (kFittedLinkSlack: the emulation
+// makes each copy take at least its time), and it replaces the link model
+// the session started from. Each further profiled
 // step adds a run to the median.
 TEST(Profiler, ProfiledStepsMeasureTheEmulatedLink) {
   ModelSpec spec = norm_spec();
@@ -1098,8 +1112,8 @@ TEST(Profiler, ProfiledStepsMeasureTheEmulatedLink) {
   for (int run = 0; run < 3; ++run) s.run_profiled_train_step();
   EXPECT_TRUE(s.profile_measured());
   const LinkModel& link = s.profile().link;
-  EXPECT_LE(link.h2d_bandwidth, 400e6 * 1.02);
-  EXPECT_LE(link.d2h_bandwidth, 400e6 * 1.02);
+  EXPECT_LE(link.h2d_bandwidth, 400e6 * kFittedLinkSlack);
+  EXPECT_LE(link.d2h_bandwidth, 400e6 * kFittedLinkSlack);
   EXPECT_NE(link.h2d_bandwidth, LinkModel{}.h2d_bandwidth) << "h2d was not measured";
   EXPECT_NE(link.d2h_bandwidth, LinkModel{}.d2h_bandwidth) << "d2h was not measured";
   ASSERT_EQ(s.profile().node_seconds.size(), s.graph().nodes().size());
@@ -1133,7 +1147,7 @@ TEST(OutOfCore, FirstTrainStepsAreMeasuredOutOfCoreOnly) {
   EXPECT_EQ(train(again, 4), expect) << "weights differ from in-core training";
   EXPECT_TRUE(again.profile_measured()) << "no train step was measured out of core";
   // The link's bandwidth comes from the steps' copies, not the default.
-  EXPECT_LE(again.profile().link.h2d_bandwidth, 400e6 * 1.02);
+  EXPECT_LE(again.profile().link.h2d_bandwidth, 400e6 * kFittedLinkSlack);
   EXPECT_LE(again.memory_plan().peak, oc.device_memory);
 }
 
