@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "latency_bound.h"
@@ -484,6 +485,92 @@ TEST(OutOfCore, ReplanningThePagingMovesTheTensorsAndTrainsBitForBit) {
     }
   steps(7, 9);
   EXPECT_EQ(train(s, 0), expect) << "weights differ from in-core training";
+}
+
+// Plans made for cards of every balance of compute, memory, link and
+// latency, at budgets from near in core down to where only paging and host
+// updates reach, run on this backend and train the bits in-core training
+// does, within the budget. A session plans from the times it measures, so a
+// loaded machine runs other schedules than an idle one, and the other tests
+// plan from fixed estimates: a random card draws the plans they do not. The
+// fault of host updates reading a clipping norm not yet copied out (fixed in
+// 64dfe93) showed only under a mix of host and device updates; with that
+// fix undone, this test fails on two of the wide clipped chain's six cards.
+// The seed is fixed, so a failure repeats.
+TEST(OutOfCore, PlansForAnyCardTrainBitForBit) {
+  struct Model {
+    const char* name;
+    ModelSpec spec;
+    double clip;
+    OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::adam;
+  };
+  const Model models[] = {
+      {"chain12", mlp_chain_spec(12, 64, 96, 16, 64), 0},
+      {"chain12-clipped", mlp_chain_spec(12, 64, 96, 16, 64), 1e-5},
+      {"wide-chain-clipped", mlp_chain_spec(8, 4096, 64, 4096, 32), 1e-5},
+      {"norm", norm_spec(), 0},
+      {"xmc", xmc_spec(), 0},
+      {"resnet18", resnet_spec(18), 0},
+      {"gpt", tiny_gpt_spec(4, 10, 0.1), 0},
+      {"resnet50-sgd", resnet_spec(50), 0, OptimizerConfig::Kind::sgd},
+      {"gpt-adamw-clipped", tiny_gpt_spec(4, 10, 0.1), 1e-3, OptimizerConfig::Kind::adamw},
+      {"xmc-sgd", xmc_spec(), 0, OptimizerConfig::Kind::sgd}};
+  std::mt19937 rng(20261205);
+  auto log_uniform = [&](double lo, double hi) {
+    return std::exp(std::uniform_real_distribution<double>(std::log(lo), std::log(hi))(rng));
+  };
+  int ran = 0, paged = 0, host_updated = 0;
+  for (const Model& m : models) {
+    SessionConfig cfg;
+    cfg.device = DeviceKind::cpu;
+    cfg.threads = 1;
+    cfg.optimizer.clip_norm = m.clip;
+    cfg.optimizer.kind = m.optimizer;
+    cfg.optimizer.weight_decay = m.optimizer == OptimizerConfig::Kind::adamw ? 0.01 : 0;
+    Session in_core(build_model(m.spec), cfg);
+    const auto expect = train(in_core, 3);
+    for (int card = 0; card < 6; ++card) {
+      Machine mc;
+      mc.name = fmt::format("random card {}", card);
+      mc.memory = 1e12;  // the budget below is what counts
+      mc.flops = log_uniform(1e9, 1e14);
+      mc.memory_bandwidth = log_uniform(1e9, 4e12);
+      mc.h2d_bandwidth = log_uniform(1e8, 1e11);
+      mc.d2h_bandwidth = mc.h2d_bandwidth * log_uniform(0.5, 2);
+      mc.link_latency = log_uniform(1e-7, 1e-3);
+      mc.launch_overhead = log_uniform(1e-7, 1e-4);
+      SessionConfig oc = cfg;
+      oc.machine = mc;
+      oc.strategy = card % 3 == 2 ? Strategy::pooch_greedy : Strategy::automatic;
+      // From a little under in core to where only paging reaches.
+      const double keep = std::uniform_real_distribution<double>(0.02, 0.9)(rng);
+      oc.device_memory = budget_keeping(in_core, keep);
+      if (card % 2 == 1) oc.device_memory = oc.device_memory * 2 / 5;
+      SCOPED_TRACE(
+          fmt::format("{}, {}, {}, budget {} of {}: {:.3g} FLOP/s, {:.3g} B/s, link "
+                      "{:.3g}/{:.3g} B/s, latency {:.3g} s, launch {:.3g} s",
+                      m.name, mc.name, strategy_name(oc.strategy), oc.device_memory,
+                      in_core.out_of_core().in_core_arena, mc.flops, mc.memory_bandwidth,
+                      mc.h2d_bandwidth, mc.d2h_bandwidth, mc.link_latency, mc.launch_overhead));
+      std::unique_ptr<Session> s;
+      try {
+        s = std::make_unique<Session>(build_model(m.spec), oc);
+      } catch (const OutOfBudget&) {
+        continue;  // below what any plan reaches: the refusal is tested elsewhere
+      }
+      ++ran;
+      paged += s->out_of_core().paged_bytes > 0;
+      host_updated += s->out_of_core().host_updates > 0;
+      EXPECT_EQ(train(*s, 3), expect) << "weights differ from in-core training";
+      EXPECT_LE(s->memory_plan().peak, oc.device_memory);
+      EXPECT_LE(s->backend().memory_info().arena_bytes, oc.device_memory);
+    }
+  }
+  std::printf("%d plans ran, %d paged, %d with host updates\n", ran, paged, host_updated);
+  // The draw reaches every kind of plan (else the test tests less than it says).
+  EXPECT_GE(ran, 45);
+  EXPECT_GT(paged, 0);
+  EXPECT_GT(host_updated, 0);
 }
 
 // Gradient clipping makes every update wait for every gradient (the norm
