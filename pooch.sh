@@ -63,6 +63,25 @@ configure_and_build() {
   ninja -C "$BUILD"
 }
 
+# meson test in build folder $1 with the flags after it; where a test fails,
+# its failed assertions and sanitizer reports again at the very end: CI keeps
+# only the tail of the output, and --print-errorlogs puts them inside each
+# failed test's long log (a failed ASan-stage run showed only the summary).
+meson_test() {
+  local b=$1
+  shift
+  meson test -C "$b" "$@" && return 0
+  {
+    echo "pooch.sh: tests failed in $b (whole log: $b/meson-logs/testlog.txt); what failed:"
+    local log=$b/meson-logs/testlog.txt
+    # gtest's assertions, the CLI tests' FAIL lines, sanitizer reports.
+    grep -E -A8 ': Failure$|^FAIL |ERROR: (Address|Thread|Undefined)Sanitizer|runtime error:' \
+      "$log" | head -n 150 || true
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | sort -u | head -n 40 || true
+  } >&2
+  return 1
+}
+
 # The sanitizer steps (docs/RELIABILITY.md, "Sanitizers"), in build folders
 # beside $BUILD ($BUILD-asan for asan and fuzz, $BUILD-tsan), so that a user
 # can run any one alone:
@@ -111,7 +130,7 @@ sanitize_asan() {
   # shellcheck disable=SC2086
   ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:halt_on_error=1:detect_leaks=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
-    meson test -C "$b" --no-rebuild --print-errorlogs --timeout-multiplier 4 $tests
+    meson_test "$b" --no-rebuild --print-errorlogs --timeout-multiplier 4 $tests
 }
 
 sanitize_tsan() {
@@ -207,7 +226,7 @@ case "$cmd" in
     nice -n 10 ninja -C "$(asan_dir)" > "$asan_log" 2>&1 &
     asan_build=$!
     trap 'kill "$asan_build" 2>/dev/null || true' EXIT
-    meson test -C "$BUILD" --print-errorlogs
+    meson_test "$BUILD" --print-errorlogs
     sanitize tsan
     if ! wait "$asan_build"; then
       tail -n 40 "$asan_log"
