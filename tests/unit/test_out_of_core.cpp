@@ -487,6 +487,22 @@ TEST(OutOfCore, ReplanningThePagingMovesTheTensorsAndTrainsBitForBit) {
   EXPECT_EQ(train(s, 0), expect) << "weights differ from in-core training";
 }
 
+// Every output of the model after the evaluate program (the forward
+// program where there is none) on a batch the training did not see: the
+// inference programs read the weights where the train step's paging left
+// them.
+std::vector<std::vector<std::byte>> evaluated(Session& s) {
+  fill_inputs(s, 7);
+  s.run(s.has_program(ProgramKind::evaluate) ? ProgramKind::evaluate : ProgramKind::forward);
+  std::vector<std::vector<std::byte>> out;
+  for (const IoTensor& io : s.model().outputs) {
+    const size_t bytes = s.graph().tensor(io.id).bytes();
+    const auto* p = static_cast<const std::byte*>(s.output_buffer(io.name));
+    out.emplace_back(p, p + bytes);
+  }
+  return out;
+}
+
 // Plans made for cards of every balance of compute, memory, link and
 // latency, at budgets from near in core down to where only paging and host
 // updates reach, run on this backend and train the bits in-core training
@@ -529,6 +545,7 @@ TEST(OutOfCore, PlansForAnyCardTrainBitForBit) {
     cfg.optimizer.weight_decay = m.optimizer == OptimizerConfig::Kind::adamw ? 0.01 : 0;
     Session in_core(build_model(m.spec), cfg);
     const auto expect = train(in_core, 3);
+    const auto evaluated_in_core = evaluated(in_core);
     for (int card = 0; card < 6; ++card) {
       Machine mc;
       mc.name = fmt::format("random card {}", card);
@@ -562,6 +579,7 @@ TEST(OutOfCore, PlansForAnyCardTrainBitForBit) {
       paged += s->out_of_core().paged_bytes > 0;
       host_updated += s->out_of_core().host_updates > 0;
       EXPECT_EQ(train(*s, 3), expect) << "weights differ from in-core training";
+      EXPECT_EQ(evaluated(*s), evaluated_in_core) << "outputs differ from in core";
       EXPECT_LE(s->memory_plan().peak, oc.device_memory);
       EXPECT_LE(s->backend().memory_info().arena_bytes, oc.device_memory);
     }
