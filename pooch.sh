@@ -71,9 +71,9 @@ meson_test() {
   local b=$1
   shift
   meson test -C "$b" "$@" && return 0
+  local log=$b/meson-logs/testlog.txt
   {
-    echo "pooch.sh: tests failed in $b (whole log: $b/meson-logs/testlog.txt); what failed:"
-    local log=$b/meson-logs/testlog.txt
+    echo "pooch.sh: tests failed in $b (whole log: $log); what failed:"
     # gtest's assertions, the CLI tests' FAIL lines, sanitizer reports.
     grep -E -A8 ': Failure$|^FAIL |ERROR: (Address|Thread|Undefined)Sanitizer|runtime error:' \
       "$log" | head -n 150 || true
