@@ -13,9 +13,8 @@
 // host kernels (optimizer updates where paged state lives) run on such a
 // worker too (handed over by the CUDA runtime's thread, which stays as it
 // is), and the CUDA kernels are compiled to flush (-ftz=true), so both give
-// the same bits. The host's own threads
-// keep theirs: the library never changes the caller's floating-point
-// environment.
+// the same bits. The host's own threads keep theirs: the library never
+// changes the caller's floating-point environment.
 #pragma once
 
 namespace pooch {
