@@ -194,22 +194,55 @@ int64_t first_pair(const Pair* pairs, int64_t n, int64_t b, int64_t l) {
 }
 
 // A block's row of hT or dhT as vectors of 16 floats (GCC's vector extension:
-// one AVX-512 register in the x86-64-v4 clone, two AVX halves in the
-// x86-64-v3 one, four SSE quarters in the default one; the v4 and v3 clones
-// fuse each multiply-add, the default one, without FMA, rounds the product
-// first, so its bits differ), its width a template argument so that a tile
-// lives in registers. Plain loops over a runtime width ran 1.4 times slower:
-// the compiler kept the tile in memory (it cannot prove that z does not alias
-// the inputs) and versioned the loops. The AVX-512 clone made a step at
-// B=128, H=4096, L=670 091 15% faster than the AVX one (docs/BENCHMARKS.md,
-// "AVX-512"). Vec8 is the 8-float vector that lane sums and the loss terms
-// are added in.
+// one AVX-512 register in the x86-64-v4 clone; the other clones sum in
+// Halves, below; the v4 and v3 clones fuse each multiply-add, the default
+// one, without FMA, rounds the product first, so its bits differ), its width
+// a template argument so that a tile lives in registers. Plain loops over a
+// runtime width ran 1.4 times slower: the compiler kept the tile in memory
+// (it cannot prove that z does not alias the inputs) and versioned the
+// loops. Vec8 is the 8-float vector that lane sums and the loss terms are
+// added in.
 typedef float Row16 __attribute__((vector_size(64), aligned(4)));
 typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
-#define POOCH_SPLAT(x) (Row16{} + (x))
 // The tiles' bodies inline into each clone of their callers (compiled for
 // that clone's ISA); the cloned *_tile wrappers below serve the other callers.
 #define POOCH_ALWAYS_INLINE inline __attribute__((always_inline))
+// Row16 where the CPU has no 16-float registers: its two 8-float halves,
+// with Row16's arithmetic lane for lane (so the same bits). GCC lowers a
+// 64-byte vector that the clone's ISA cannot hold to memory: the x86-64-v3
+// clone kept the tile on the stack and moved it through general registers,
+// and a step at B=128, H=4096, L=670 091 took 1.78 s where the AVX-512
+// clone takes 0.28 s (docs/BENCHMARKS.md, "Without AVX-512"). The tiles
+// sum in Row16 where the AVX-512 clones run (kRunsAvx512Clones), in Halves
+// elsewhere (RowOf; at_width picks).
+struct Halves {
+  Vec8 lo, hi;
+};
+POOCH_ALWAYS_INLINE Halves operator*(const Halves& a, const Halves& b) {
+  return {a.lo * b.lo, a.hi * b.hi};
+}
+POOCH_ALWAYS_INLINE Halves& operator+=(Halves& a, const Halves& b) {
+  a.lo += b.lo;
+  a.hi += b.hi;
+  return a;
+}
+POOCH_ALWAYS_INLINE Halves operator+(const Halves& a, float x) {
+  return {a.lo + x, a.hi + x};
+}
+// The type a row's 16 floats are summed in: Row16 (kWide) or Halves. A
+// member alias, because Row16 as a template argument loses its aligned(4)
+// (GCC then takes every row for 64-byte aligned).
+template <bool kWide>
+struct RowOf {
+  using type = Halves;
+};
+template <>
+struct RowOf<true> {
+  using type = Row16;
+};
+// Every lane x: R{} + x (Row16's form is the one the AVX-512 clone keeps in
+// a register; a function returning it spilled it there, 2 times slower).
+#define POOCH_SPLAT(R, x) (R{} + (x))
 
 // The rows sit at random places (the index is random): fetching the row of a
 // later k while this one is summed hides part of the cache-miss latency.
@@ -234,13 +267,14 @@ inline void prefetch_row(const float* row, bool write) {
 // every k. NL labels at once (il[j], wl[j], bias[j] -> z[j]), each summed
 // exactly as alone: their chains are independent, so two labels keep twice
 // the multiply-adds in flight.
-template <int64_t W, int NL, class I, int kChains = (W >= 64 ? 1 : 64 / W)>
+template <bool kWide, int64_t W, int NL, class I, int kChains = (W >= 64 ? 1 : 64 / W)>
 POOCH_ALWAYS_INLINE void logits_rows(const float* ht, const I* const* il, const float* const* wl,
                                      int64_t fan_in, const float* bias, float* const* z) {
+  using R = typename RowOf<kWide>::type;
   constexpr int64_t kVecs = W / 16;
-  Row16 acc[NL][kChains][kVecs] = {};
+  R acc[NL][kChains][kVecs] = {};
   for (int j = 0; j < NL; ++j)
-    for (int64_t v = 0; v < kVecs; ++v) acc[j][0][v] = POOCH_SPLAT(bias[j]);
+    for (int64_t v = 0; v < kVecs; ++v) acc[j][0][v] = POOCH_SPLAT(R, bias[j]);
   for (int j = 0; j < NL; ++j)
     for (int64_t k = 0; k < kAhead && k < fan_in; ++k)
       prefetch_row<W>(ht + int64_t{il[j][k]} * W, false);
@@ -249,8 +283,8 @@ POOCH_ALWAYS_INLINE void logits_rows(const float* ht, const I* const* il, const 
   auto add = [&](int c, int64_t k) {
     for (int j = 0; j < NL; ++j) {
       if (k + kAhead < fan_in) prefetch_row<W>(ht + int64_t{il[j][k + kAhead]} * W, false);
-      const Row16* row = reinterpret_cast<const Row16*>(ht + int64_t{il[j][k]} * W);
-      const Row16 wk = POOCH_SPLAT(wl[j][k]);
+      const R* row = reinterpret_cast<const R*>(ht + int64_t{il[j][k]} * W);
+      const R wk = POOCH_SPLAT(R, wl[j][k]);
       for (int64_t v = 0; v < kVecs; ++v) acc[j][c][v] += wk * row[v];
     }
   };
@@ -262,7 +296,7 @@ POOCH_ALWAYS_INLINE void logits_rows(const float* ht, const I* const* il, const 
     for (int c = 1; c < kChains; c *= 2)  // pairwise: chains 0+1, 2+3, then (0+1)+(2+3)
       for (int d = 0; d + c < kChains; d += 2 * c)
         for (int64_t v = 0; v < kVecs; ++v) acc[j][d][v] += acc[j][d + c][v];
-    for (int64_t v = 0; v < kVecs; ++v) reinterpret_cast<Row16*>(z[j])[v] = acc[j][0][v];
+    for (int64_t v = 0; v < kVecs; ++v) reinterpret_cast<R*>(z[j])[v] = acc[j][0][v];
   }
 }
 
@@ -270,6 +304,9 @@ POOCH_ALWAYS_INLINE void logits_rows(const float* ht, const I* const* il, const 
 inline float lane_sum(const Vec8& s) {
   const float q0 = s[0] + s[4], q1 = s[1] + s[5], q2 = s[2] + s[6], q3 = s[3] + s[7];
   return (q0 + q2) + (q1 + q3);
+}
+inline float lane_sum(const Halves& s) {
+  return lane_sum(s.lo + s.hi);
 }
 inline float lane_sum(const Row16& s) {
   Vec8 lo, hi;
@@ -328,16 +365,17 @@ POOCH_ALWAYS_INLINE void lane_sums16(const Row16* s, Row16* out) {
 // With one block's gradient g[0..W) (zero on padding rows): db[l] and
 // dw[l, :] gain the block's share (the first block sets them), and the
 // block's dhT[index[l, k]][:] += w[l, k] g.
-template <int64_t W, class I>
+template <bool kWide, int64_t W, class I>
 POOCH_ALWAYS_INLINE void backward_rows(const float* ht, const I* il, const float* wl,
                                        int64_t fan_in, const float* g, bool first, float* dwl,
                                        float* dbl, float* dht) {
+  using R = typename RowOf<kWide>::type;
   constexpr int64_t kVecs = W / 16, kGroupVecs = kGroup / 16;
-  Row16 gv[kVecs];
+  R gv[kVecs];
   // Sums over rows, per group of kGroup rows (a block of 128 holds two),
   // each added in turn: the same bits as two blocks of 64.
   float sb = 0, sb2 = 0;
-  for (int64_t v = 0; v < kVecs; ++v) gv[v] = reinterpret_cast<const Row16*>(g)[v];
+  for (int64_t v = 0; v < kVecs; ++v) gv[v] = reinterpret_cast<const R*>(g)[v];
   for (int64_t r = 0; r < std::min(W, kGroup); ++r) sb += g[r];
   for (int64_t r = kGroup; r < W; ++r) sb2 += g[r];
   *dbl = first ? sb : *dbl + sb;
@@ -345,11 +383,11 @@ POOCH_ALWAYS_INLINE void backward_rows(const float* ht, const I* il, const float
   for (int64_t k = 0; k < kAhead && k < fan_in; ++k)
     prefetch_row<W>(dht + int64_t{il[k]} * W, true);
   int64_t k = 0;
-  // One group: 16 k's lane sums at once, in the AVX-512 clone only (the
-  // two-register shuffles have no AVX2 form: GCC spells them out in scalar
-  // moves there, untimed).
-  if constexpr (W <= kGroup) {
-    for (; kRunsAvx512Clones && k + 16 <= fan_in; k += 16) {
+  // One group: 16 k's lane sums at once, in the AVX-512 clone only (R is
+  // Row16 only there; the two-register shuffles have no AVX2 form: GCC
+  // spells them out in scalar moves there, untimed).
+  if constexpr (W <= kGroup && kWide) {
+    for (; k + 16 <= fan_in; k += 16) {
       Row16 s[16];
 #pragma GCC unroll 16
       for (int64_t j = 0; j < 16; ++j) {
@@ -357,7 +395,7 @@ POOCH_ALWAYS_INLINE void backward_rows(const float* ht, const I* il, const float
         const int64_t u = il[k + j];
         const Row16* row = reinterpret_cast<const Row16*>(ht + u * W);
         Row16* drow = reinterpret_cast<Row16*>(dht + u * W);
-        const Row16 wk = POOCH_SPLAT(wl[k + j]);
+        const Row16 wk = POOCH_SPLAT(Row16, wl[k + j]);
         Row16 sj{};
         for (int64_t v = 0; v < kVecs; ++v) {
           sj += gv[v] * row[v];
@@ -374,10 +412,10 @@ POOCH_ALWAYS_INLINE void backward_rows(const float* ht, const I* il, const float
   for (; k < fan_in; ++k) {
     if (k + kAhead < fan_in) prefetch_row<W>(dht + int64_t{il[k + kAhead]} * W, true);
     const int64_t u = il[k];
-    const Row16* row = reinterpret_cast<const Row16*>(ht + u * W);
-    Row16* drow = reinterpret_cast<Row16*>(dht + u * W);
-    const Row16 wk = POOCH_SPLAT(wl[k]);
-    Row16 s{}, s2{};
+    const R* row = reinterpret_cast<const R*>(ht + u * W);
+    R* drow = reinterpret_cast<R*>(dht + u * W);
+    const R wk = POOCH_SPLAT(R, wl[k]);
+    R s{}, s2{};
     for (int64_t v = 0; v < kVecs; ++v) {
       if (v < kGroupVecs)
         s += gv[v] * row[v];
@@ -392,32 +430,40 @@ POOCH_ALWAYS_INLINE void backward_rows(const float* ht, const I* il, const float
 }
 
 // The tiles for callers that are not clones themselves: one dispatch a call.
-template <int64_t W, class I>
+template <int64_t W, bool kWide, class I>
 POOCH_VEC_CLONES void logits_tile(const float* ht, const I* il, const float* wl, int64_t fan_in,
                                   float bias, float* z) {
-  logits_rows<W, 1>(ht, &il, &wl, fan_in, &bias, &z);
+  logits_rows<kWide, W, 1>(ht, &il, &wl, fan_in, &bias, &z);
 }
-template <int64_t W, class I>
+template <int64_t W, bool kWide, class I>
 POOCH_VEC_CLONES void backward_tile(const float* ht, const I* il, const float* wl, int64_t fan_in,
                                     const float* g, bool first, float* dwl, float* dbl,
                                     float* dht) {
-  backward_rows<W>(ht, il, wl, fan_in, g, first, dwl, dbl, dht);
+  backward_rows<kWide, W>(ht, il, wl, fan_in, g, first, dwl, dbl, dht);
 }
 
-// Calls f(std::integral_constant<int64_t, W>{}) with W the call's row-block
-// width: the tiles take it as a template argument (see Row16 above).
-template <class F>
-void at_width(int64_t bw, F&& f) {
+// Calls f(std::integral_constant<int64_t, W>{}, std::bool_constant<kWide>{})
+// with W the call's row-block width and kWide whether this CPU runs the
+// AVX-512 clones (RowOf): the tiles take both as template arguments.
+template <bool kWide, class F>
+void at_width_in(int64_t bw, F&& f) {
   switch (bw) {
     case 16:
-      return f(std::integral_constant<int64_t, 16>{});
+      return f(std::integral_constant<int64_t, 16>{}, std::bool_constant<kWide>{});
     case 32:
-      return f(std::integral_constant<int64_t, 32>{});
+      return f(std::integral_constant<int64_t, 32>{}, std::bool_constant<kWide>{});
     case 64:
-      return f(std::integral_constant<int64_t, 64>{});
+      return f(std::integral_constant<int64_t, 64>{}, std::bool_constant<kWide>{});
     default:
-      return f(std::integral_constant<int64_t, kMaxWidth>{});
+      return f(std::integral_constant<int64_t, kMaxWidth>{}, std::bool_constant<kWide>{});
   }
+}
+template <class F>
+void at_width(int64_t bw, F&& f) {
+  if (kRunsAvx512Clones)
+    at_width_in<true>(bw, f);
+  else
+    at_width_in<false>(bw, f);
 }
 
 // Label l's logits over block b (ht: the block's [H][bw]), at the call's width.
@@ -425,7 +471,9 @@ template <class I>
 void logits(const Layer<I>& y, const float* ht, int64_t l, float* z) {
   const I* il = y.index + l * y.fan_in;
   const float* wl = y.w + l * y.fan_in;
-  at_width(y.bw, [&](auto w) { logits_tile<w.value>(ht, il, wl, y.fan_in, y.bias[l], z); });
+  at_width(y.bw, [&](auto w, auto r) {
+    logits_tile<w.value, decltype(r)::value>(ht, il, wl, y.fan_in, y.bias[l], z);
+  });
 }
 
 // backward_tile for label l, at the call's width.
@@ -435,8 +483,8 @@ void backward(const Layer<I>& y, const float* ht, int64_t l, const float* g, boo
   const I* il = y.index + l * y.fan_in;
   const float* wl = y.w + l * y.fan_in;
   float* dwl = dw + l * y.fan_in;
-  at_width(y.bw, [&](auto w) {
-    backward_tile<w.value>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
+  at_width(y.bw, [&](auto w, auto r) {
+    backward_tile<w.value, decltype(r)::value>(ht, il, wl, y.fan_in, g, first, dwl, db + l, dht);
   });
 }
 
@@ -544,7 +592,7 @@ float grad_of(float x, float t, Loss kind) {
 // gradient, its targets' corrections, then its backward. One function per
 // ISA with the tiles inlined into it, so that it can take several labels at
 // once (below).
-template <int64_t W, class I>
+template <int64_t W, bool kWide, class I>
 POOCH_VEC_CLONES void absent_labels_grad(const Layer<I>& y, int64_t b, int64_t lo, int64_t hi,
                                          Loss kind, float k, const Pair* pairs, int64_t np,
                                          int64_t p, const float* hb, double* sums, float* dw,
@@ -575,10 +623,10 @@ POOCH_VEC_CLONES void absent_labels_grad(const Layer<I>& y, int64_t b, int64_t l
     float bias[kAtOnce];
     for (int j = 0; j < kAtOnce; ++j) bias[j] = y.bias[std::min(l + j, hi - 1)];
     if (m == kAtOnce)
-      logits_rows<W, kAtOnce, I, kChains>(hb, il, wl, y.fan_in, bias, zp);
+      logits_rows<kWide, W, kAtOnce, I, kChains>(hb, il, wl, y.fan_in, bias, zp);
     else
       for (int j = 0; j < m; ++j)
-        logits_rows<W, 1, I, kChains>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
+        logits_rows<kWide, W, 1, I, kChains>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
     GroupSums t[kAtOnce];
     for (int j = 0; j < m; ++j) t[j] = absent_rows<true>(zs[j], n, W, kind, k, gs[j]);
     for (int j = 0; j < m; ++j) {
@@ -591,8 +639,8 @@ POOCH_VEC_CLONES void absent_labels_grad(const Layer<I>& y, int64_t b, int64_t l
       }
     }
     for (int j = 0; j < m; ++j)
-      backward_rows<W>(hb, il[j], wl[j], y.fan_in, gs[j], b == 0, dw + (l + j) * y.fan_in,
-                       db + l + j, dhb);
+      backward_rows<kWide, W>(hb, il[j], wl[j], y.fan_in, gs[j], b == 0, dw + (l + j) * y.fan_in,
+                              db + l + j, dhb);
   }
 }
 
@@ -605,7 +653,7 @@ POOCH_VEC_CLONES void absent_labels_grad(const Layer<I>& y, int64_t b, int64_t l
 // (Its labels' set-up is written out here as in absent_labels_grad: a shared
 // helper that filled the index and weight pointers through arguments made
 // the train step 10% slower.)
-template <int64_t W, class I>
+template <int64_t W, bool kWide, class I>
 POOCH_VEC_CLONES void absent_labels_loss(const Layer<I>& y, int64_t b, int64_t lo, int64_t hi,
                                          Loss kind, const Pair* pairs, int64_t np, int64_t p,
                                          const float* hb, double* sums) {
@@ -629,10 +677,10 @@ POOCH_VEC_CLONES void absent_labels_loss(const Layer<I>& y, int64_t b, int64_t l
       bias[j] = y.bias[lj];
     }
     if (m == kAtOnce)
-      logits_rows<W, kAtOnce, I, kChains>(hb, il, wl, y.fan_in, bias, zp);
+      logits_rows<kWide, W, kAtOnce, I, kChains>(hb, il, wl, y.fan_in, bias, zp);
     else
       for (int j = 0; j < m; ++j)
-        logits_rows<W, 1, I, kChains>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
+        logits_rows<kWide, W, 1, I, kChains>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
     for (int j = 0; j < m; ++j) {
       add_groups(sums + r0 / kGroup, absent_rows<false>(zs[j], n, W, kind, 0.0f, nullptr), W);
       for (; p < np && pairs[p].block == b && pairs[p].label == l + j; ++p) {
@@ -812,8 +860,9 @@ void loss_fwd(const KernelArgs& a) {
       for (int64_t b = 0; b < y.blocks(); ++b) {
         const float* hb = s.ht + b * y.hidden * y.bw;
         const int64_t p = first_pair(s.pairs, np, b, lo);
-        at_width(y.bw, [&](auto w) {
-          absent_labels_loss<w.value>(y, b, lo, hi, kind, s.pairs, np, p, hb, sums);
+        at_width(y.bw, [&](auto w, auto r) {
+          absent_labels_loss<w.value, decltype(r)::value>(y, b, lo, hi, kind, s.pairs, np, p, hb,
+                                                          sums);
         });
       }
       s.part[t] = group_total(sums, y.groups());
@@ -862,8 +911,9 @@ void loss_grad(const KernelArgs& a) {
       const int64_t r0 = b * y.bw, n = rows_in(y.batch, y.bw, b);
       int64_t p = first_pair(s.pairs, np, b, lo);
       if (kind != Loss::xent) {
-        at_width(y.bw, [&](auto w) {
-          absent_labels_grad<w.value>(y, b, lo, hi, kind, k, s.pairs, np, p, hb, sums, dw, db, dhb);
+        at_width(y.bw, [&](auto w, auto r) {
+          absent_labels_grad<w.value, decltype(r)::value>(y, b, lo, hi, kind, k, s.pairs, np, p, hb,
+                                                          sums, dw, db, dhb);
         });
         continue;
       }
@@ -947,7 +997,7 @@ size_t topk_bytes(const KernelArgs& a, int nt) {
 // (z above it, or either NaN), tested 16 rows at a time; a label always
 // follows the list's labels, so a tie never enters, and the rows the test
 // lets through go to the exact comparison.
-template <int64_t W, class I>
+template <int64_t W, bool kWide, class I>
 POOCH_VEC_CLONES void topk_labels(const Layer<I>& y, int64_t b, int64_t lo, int64_t hi,
                                   const float* hb, int64_t k, float* v, int32_t* ix, int64_t* n,
                                   float* bar) {
@@ -971,10 +1021,10 @@ POOCH_VEC_CLONES void topk_labels(const Layer<I>& y, int64_t b, int64_t lo, int6
       bias[j] = y.bias[lj];
     }
     if (m == kAtOnce)
-      logits_rows<W, kAtOnce, I, kChains>(hb, il, wl, y.fan_in, bias, zp);
+      logits_rows<kWide, W, kAtOnce, I, kChains>(hb, il, wl, y.fan_in, bias, zp);
     else
       for (int j = 0; j < m; ++j)
-        logits_rows<W, 1, I, kChains>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
+        logits_rows<kWide, W, 1, I, kChains>(hb, il + j, wl + j, y.fan_in, bias + j, zp + j);
     for (int j = 0; j < m; ++j) {
       const float* z = zs[j];
       for (int64_t c = 0; c < rows; c += 16) {
@@ -1026,7 +1076,9 @@ void topk(const KernelArgs& a) {
     std::fill(bar, bar + y.bp, std::numeric_limits<float>::quiet_NaN());
     for (int64_t b = 0; b < y.blocks(); ++b) {
       const float* hb = ht + b * y.hidden * y.bw;
-      at_width(y.bw, [&](auto w) { topk_labels<w.value>(y, b, lo, hi, hb, k, v, ix, n, bar); });
+      at_width(y.bw, [&](auto w, auto r) {
+        topk_labels<w.value, decltype(r)::value>(y, b, lo, hi, hb, k, v, ix, n, bar);
+      });
     }
   }
   // Merge the slices' lists per row (slice t's labels all precede t+1's).
